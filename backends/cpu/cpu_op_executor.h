@@ -1,0 +1,31 @@
+// Runs ATen operators for the CPU backend: device memory is host memory, so
+// a tensor over it is a plain CPU tensor (at::from_blob, no deleter) and ops
+// run on ATen's CPU kernels.
+//
+// Thread safety: stateless; may be used from any number of threads.
+#ifndef FLAGOS_BACKENDS_CPU_CPU_OP_EXECUTOR_H_
+#define FLAGOS_BACKENDS_CPU_CPU_OP_EXECUTOR_H_
+
+#include <memory>
+
+#include "flagos/op_executor.h"
+
+namespace flagos {
+
+class CpuOpExecutor final : public OpExecutor {
+ public:
+  c10::Device AtenDevice(int device) const override;
+  at::Tensor WrapDeviceMemory(int device, DevicePtr ptr, c10::IntArrayRef sizes,
+                              c10::IntArrayRef strides, c10::ScalarType dtype) override;
+  // Calls `op` below autograd (the client does autograd). A c10::Error
+  // becomes INVALID_ARGUMENT (UNIMPLEMENTED for NotImplementedError,
+  // RESOURCE_EXHAUSTED for OutOfMemoryError), any other exception INTERNAL;
+  // the message is "<op name>: <error without the C++ backtrace>".
+  absl::Status Call(int device, const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
+};
+
+std::unique_ptr<OpExecutor> CreateCpuOpExecutor();
+
+}  // namespace flagos
+
+#endif  // FLAGOS_BACKENDS_CPU_CPU_OP_EXECUTOR_H_

@@ -1,0 +1,35 @@
+// How a backend runs ATen operators on its device memory.
+//
+// The daemon decodes an operator call into a boxed stack whose tensors were
+// made by WrapDeviceMemory, then calls Call. The only translation units that
+// include this header are the daemon's executor and the backends' op files
+// (ATen headers are slow to compile).
+#ifndef FLAGOS_BACKENDS_OP_EXECUTOR_H_
+#define FLAGOS_BACKENDS_OP_EXECUTOR_H_
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include "absl/status/status.h"
+#include "flagos/runtime.h"
+
+namespace flagos {
+
+class OpExecutor {
+ public:
+  virtual ~OpExecutor() = default;
+  // The c10 device ops run on for `device` (kCPU for the CPU backend).
+  virtual c10::Device AtenDevice(int device) const = 0;
+  // A tensor over device memory; the caller keeps the memory alive for the
+  // tensor's lifetime. `ptr` addresses the tensor's first element.
+  virtual at::Tensor WrapDeviceMemory(int device, DevicePtr ptr, c10::IntArrayRef sizes,
+                                      c10::IntArrayRef strides, c10::ScalarType dtype) = 0;
+  // Runs `op` on `stack` (arguments in, returns out). Errors raised by the
+  // kernel come back as a status naming the op.
+  virtual absl::Status Call(int device, const c10::OperatorHandle& op, torch::jit::Stack* stack) = 0;
+};
+
+}  // namespace flagos
+
+#endif  // FLAGOS_BACKENDS_OP_EXECUTOR_H_

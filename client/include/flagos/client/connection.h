@@ -1,0 +1,108 @@
+// libflagos_client: one process's connection to a flagosd.
+//
+// A Connection negotiates the protocol version, opens the session stream and
+// carries commands to the daemon. Commands are appended to a batch and sent
+// when the batch is flushed: at every synchronous call, when the batch holds
+// kMaxBatchCommands commands or kMaxBatchBytes bytes of copy data, and on
+// Flush(). Commands that owe no reply never
+// wait for the daemon. A command that fails asynchronously is reported by the
+// daemon as a Completion with an error; the connection records the first such
+// error and returns it from the next synchronous call (and from
+// TakeAsyncError), naming the failed command as `describe` said when it was
+// enqueued.
+//
+// Thread safety: all methods may be called from any thread. Completions are
+// read by one background thread per connection.
+//
+// This library knows nothing of torch.
+#ifndef FLAGOS_CLIENT_CONNECTION_H_
+#define FLAGOS_CLIENT_CONNECTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "flagos/v1/flagos.pb.h"
+
+namespace flagos::client {
+
+inline constexpr uint32_t kProtocolMinVersion = 1;
+inline constexpr uint32_t kProtocolMaxVersion = 1;
+inline constexpr int kMaxBatchCommands = 64;
+// A batch is also sent once its copy_to_device data reaches this many bytes,
+// which keeps every message well under the protocol's 256 MiB limit.
+inline constexpr uint64_t kMaxBatchBytes = 32ull << 20;
+// Copies are split into commands of at most this many bytes.
+inline constexpr uint64_t kMaxCopyChunk = 8ull << 20;
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  // Connects to `endpoint` ("unix:///path" or "host:port"), negotiates the
+  // version and opens the session. Fails within `timeout` with UNAVAILABLE
+  // and a message naming the endpoint and how to start flagosd when the
+  // daemon cannot be reached; FAILED_PRECONDITION when no common protocol
+  // version exists.
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& endpoint,
+                                                          absl::Duration timeout,
+                                                          const std::string& client_name);
+
+  virtual const std::string& endpoint() const = 0;
+  virtual const v1::NegotiateResponse& info() const = 0;
+  virtual uint64_t session_id() const = 0;
+
+  // Appends `command` (seq is assigned here) to the batch and returns its
+  // seq. `describe` names the command for asynchronous error messages (e.g.
+  // "aten::add.Tensor"). Never waits for the daemon's answer (it may wait
+  // for gRPC to accept a full batch). Returns 0 and drops the command when
+  // the connection is closed or the session has ended; the next synchronous
+  // call reports why.
+  virtual uint64_t Enqueue(v1::Command command, std::string describe) = 0;
+
+  // Enqueues `command`, flushes, and waits for its Completion. Returns the
+  // earliest recorded asynchronous error first if there is one (and clears
+  // it); the command's own error status otherwise; UNAVAILABLE if the session
+  // ended (daemon gone).
+  //
+  // A command that owes no reply (see the proto: only allocate,
+  // copy_from_device, sync and op with want_values do) is followed by a sync
+  // marker for all devices, whose Completion is returned; the command's own
+  // failure then comes back as the asynchronous error.
+  virtual absl::StatusOr<v1::Completion> Call(v1::Command command, std::string describe) = 0;
+
+  // Sends the pending batch. UNAVAILABLE when the session has ended.
+  virtual absl::Status Flush() = 0;
+
+  // Waits until every command enqueued so far on `device` (all devices if
+  // device < 0) has executed; returns the first asynchronous error.
+  virtual absl::Status Synchronize(int device) = 0;
+
+  // The first asynchronous error not yet returned, then OK.
+  virtual absl::Status TakeAsyncError() = 0;
+
+  // Daemon statistics (devices, memory, sessions), by a unary RPC with a 5 s
+  // deadline.
+  virtual absl::StatusOr<v1::GetStatsResponse> GetStats() = 0;
+
+  // Flushes, ends the session and waits (bounded, about 2 s) for the daemon
+  // to close it; calls waiting in other threads return then. Later calls
+  // return FAILED_PRECONDITION; Enqueue drops the command. Idempotent.
+  virtual void Close() = 0;
+  // True once Close has been called (not merely when the daemon is gone).
+  virtual bool closed() const = 0;
+};
+
+// Daemon statistics from `endpoint` without opening a session.
+absl::StatusOr<v1::GetStatsResponse> QueryStats(const std::string& endpoint,
+                                                absl::Duration timeout);
+
+// Turns a gRPC-style status code into a short name ("RESOURCE_EXHAUSTED").
+std::string CodeName(int code);
+
+}  // namespace flagos::client
+
+#endif  // FLAGOS_CLIENT_CONNECTION_H_

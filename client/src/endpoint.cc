@@ -1,0 +1,111 @@
+#include "endpoint.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace flagos::client {
+namespace {
+
+// Reconnect quickly while waiting for a daemon that is starting up.
+constexpr int kReconnectBackoffMs = 100;
+constexpr int kMaxReconnectBackoffMs = 1000;
+
+// Checks that a daemon listens on the unix socket at `path`: OK, or
+// UnreachableError / INVALID_ARGUMENT naming what is wrong.
+absl::Status ProbeUnixSocket(absl::string_view endpoint, const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      return UnreachableError(endpoint, absl::StrCat("no such socket: ", path));
+    }
+    return UnreachableError(endpoint,
+                            absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return UnreachableError(endpoint, absl::StrCat(path, " exists but is not a socket"));
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flagos: the socket path of endpoint ", endpoint, " is longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes: use a shorter path"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::OkStatus();  // let gRPC try and report
+  const int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int connect_errno = errno;
+  close(fd);
+  if (rc == 0) return absl::OkStatus();
+  switch (connect_errno) {
+    case ECONNREFUSED:
+      return UnreachableError(
+          endpoint, absl::StrCat("connection refused: no daemon listens on ", path));
+    case EACCES:
+    case EPERM:
+      return UnreachableError(
+          endpoint, absl::StrCat("permission denied on ", path,
+                                 ": ask the node's administrator for access to flagosd"));
+    default:
+      return absl::OkStatus();  // e.g. EAGAIN (backlog full): gRPC retries
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> UnixSocketPath(absl::string_view endpoint) {
+  if (absl::StartsWith(endpoint, "unix://")) return std::string(endpoint.substr(7));
+  if (absl::StartsWith(endpoint, "unix:")) return std::string(endpoint.substr(5));
+  return std::nullopt;
+}
+
+absl::Status UnreachableError(absl::string_view endpoint, absl::string_view reason) {
+  return absl::UnavailableError(
+      absl::StrCat("flagosd at ", endpoint, " is not reachable (", reason,
+                   "): start it with `flagosd --listen=", endpoint,
+                   "` (or `systemd-run --unit=flagosd flagosd`), or set FLAGOS_ENDPOINT to a "
+                   "running daemon"));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToEndpoint(const std::string& endpoint,
+                                                                 absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "flagos: empty flagosd endpoint: set FLAGOS_ENDPOINT to unix:///path/to/flagosd.sock or "
+        "host:port");
+  }
+  if (std::optional<std::string> path = UnixSocketPath(endpoint)) {
+    absl::Status probe = ProbeUnixSocket(endpoint, *path);
+    if (!probe.ok()) return probe;
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(absl::ToChronoTime(deadline))) {
+    return UnreachableError(endpoint,
+                            absl::StrCat("no connection within ", absl::FormatDuration(timeout)));
+  }
+  return channel;
+}
+
+}  // namespace flagos::client

@@ -1,0 +1,153 @@
+#include "flagos_service.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "logging.h"
+
+namespace flagos::daemon {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+std::string VersionRange(uint32_t min, uint32_t max) {
+  return absl::StrCat("[", min, ", ", max, "]");
+}
+
+}  // namespace
+
+void FlagosService::AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const {
+  const DeviceRuntime& runtime = backend_.runtime();
+  const std::vector<std::shared_ptr<daemon::Session>> sessions = registry_.Snapshot();
+  const std::vector<std::string> capabilities = runtime.capabilities().ImplementedNames();
+  const std::vector<std::string> gaps = runtime.capabilities().GapDescriptions();
+  for (int d = 0; d < runtime.DeviceCount(); ++d) {
+    v1::DeviceInfo* info = devices->Add();
+    info->set_index(d);
+    if (absl::StatusOr<DeviceProperties> properties = runtime.GetDeviceProperties(d);
+        properties.ok()) {
+      info->set_name(properties->name);
+      info->set_total_memory(properties->total_memory);
+    }
+    uint64_t used = 0;
+    for (const auto& session : sessions) used += session->device_bytes(d);
+    info->set_used_memory(used);
+    for (const std::string& name : capabilities) info->add_capabilities(name);
+    for (const std::string& gap : gaps) info->add_gaps(gap);
+  }
+}
+
+grpc::Status FlagosService::Negotiate(grpc::ServerContext* /*context*/,
+                                      const v1::NegotiateRequest* request,
+                                      v1::NegotiateResponse* response) {
+  if (request->min_version() > request->max_version()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("the client's protocol range ",
+                                     VersionRange(request->min_version(), request->max_version()),
+                                     " is empty (min > max)"));
+  }
+  const uint32_t low = std::max(request->min_version(), kMinProtocolVersion);
+  const uint32_t high = std::min(request->max_version(), kMaxProtocolVersion);
+  if (low > high) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("no common protocol version: the client speaks ",
+                     VersionRange(request->min_version(), request->max_version()),
+                     ", flagosd ", kDaemonVersion, " speaks ",
+                     VersionRange(kMinProtocolVersion, kMaxProtocolVersion),
+                     "; use a client and a flagosd from compatible releases"));
+  }
+  response->set_version(high);
+  response->set_daemon_version(kDaemonVersion);
+  response->set_backend(backend_.name());
+  response->set_torch_version(TorchVersion());
+  AddDevices(response->mutable_devices());
+  return grpc::Status::OK;
+}
+
+grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
+                                     const v1::GetStatsRequest* /*request*/,
+                                     v1::GetStatsResponse* response) {
+  response->set_backend(backend_.name());
+  AddDevices(response->mutable_devices());
+  for (const auto& session : registry_.Snapshot()) *response->add_sessions() = session->Info();
+  response->set_sessions_total(registry_.sessions_total());
+  return grpc::Status::OK;
+}
+
+grpc::Status FlagosService::Session(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) {
+  v1::ClientMessage message;
+  if (!stream->Read(&message)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the session stream ended before `open`");
+  }
+  if (!message.has_open()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "the first message of a session must be `open`; call Negotiate, then "
+                        "send SessionOpen with the negotiated version");
+  }
+  const v1::SessionOpen open = message.open();
+  if (open.version() < kMinProtocolVersion || open.version() > kMaxProtocolVersion) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("the session was opened with protocol version ", open.version(),
+                     "; flagosd speaks ", VersionRange(kMinProtocolVersion, kMaxProtocolVersion),
+                     "; open it with the version Negotiate returned"));
+  }
+  absl::StatusOr<uint64_t> id = registry_.Admit([context] { context->TryCancel(); });
+  if (!id.ok()) return ToGrpc(id.status());
+
+  // Completions come from this thread and from the session's queue workers.
+  absl::Mutex write_mu;
+  auto write = [&write_mu, stream](const v1::ServerMessage& reply) {
+    absl::MutexLock lock(&write_mu);
+    return stream->Write(reply);
+  };
+  auto session = std::make_shared<daemon::Session>(
+      *id, open, backend_, [&write](v1::Completion completion) {
+        v1::ServerMessage reply;
+        *reply.add_completions() = std::move(completion);
+        write(reply);
+      });
+  registry_.Attach(*id, session);
+  LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '", open.client(),
+                       "', peer ", context->peer(), ")"));
+  v1::ServerMessage opened;
+  opened.mutable_opened()->set_session_id(*id);
+  write(opened);
+
+  grpc::Status end = grpc::Status::OK;
+  while (stream->Read(&message)) {
+    if (message.has_batch()) {
+      if (absl::Status s = session->HandleBatch(message.mutable_batch()); !s.ok()) {
+        end = ToGrpc(s);
+        break;
+      }
+      continue;
+    }
+    end = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       message.has_open() ? "`open` was sent twice in one session"
+                                          : "a session message carries neither open nor batch");
+    break;
+  }
+  const bool cancelled = context->IsCancelled();
+  const uint64_t commands = session->Info().commands();
+  const daemon::Session::CloseSummary summary = session->Close();
+  registry_.Remove(*id);
+  LogInfo(absl::StrCat("session ", *id, " closed (pid ", open.pid(), ", ",
+                       cancelled ? "cancelled" : "ended by the client", "): ", commands,
+                       " commands, freed ", summary.segments, " segments (", summary.bytes,
+                       " bytes)"));
+  return end;
+}
+
+}  // namespace flagos::daemon

@@ -1,0 +1,47 @@
+// The gRPC service flagos.v1.Flagos: Negotiate, GetStats and the Session
+// stream (see proto/flagos/v1/flagos.proto).
+//
+// Thread safety: gRPC calls the handlers from its own threads, concurrently.
+#ifndef FLAGOS_DAEMON_FLAGOS_SERVICE_H_
+#define FLAGOS_DAEMON_FLAGOS_SERVICE_H_
+
+#include <cstdint>
+
+#include "backend.h"
+#include "flagos/v1/flagos.grpc.pb.h"
+#include "session_registry.h"
+
+namespace flagos::daemon {
+
+inline constexpr char kDaemonVersion[] = "0.1.0";
+inline constexpr uint32_t kMinProtocolVersion = 1;
+inline constexpr uint32_t kMaxProtocolVersion = 1;
+
+class FlagosService final : public v1::Flagos::Service {
+ public:
+  // Both must outlive the service.
+  FlagosService(const Backend* backend, SessionRegistry* registry)
+      : backend_(*backend), registry_(*registry) {}
+
+  grpc::Status Negotiate(grpc::ServerContext* context, const v1::NegotiateRequest* request,
+                         v1::NegotiateResponse* response) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
+                        v1::GetStatsResponse* response) override;
+  // Runs one session from `open` to the end of the stream; returns after
+  // the session released everything it held.
+  grpc::Status Session(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) override;
+
+ private:
+  // Devices as Negotiate and GetStats report them; used_memory sums the
+  // segments of all live sessions.
+  void AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const;
+
+  const Backend& backend_;
+  SessionRegistry& registry_;
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_FLAGOS_SERVICE_H_

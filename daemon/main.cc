@@ -1,0 +1,189 @@
+// flagosd: the flagos device daemon. Parses flags, creates the backend,
+// serves until SIGTERM or SIGINT, then shuts down and frees everything.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "backend.h"
+#include "byte_size.h"
+#include "flagos_service.h"
+#include "listen_endpoint.h"
+#include "logging.h"
+#include "server.h"
+
+ABSL_FLAG(std::vector<std::string>, listen,
+          std::vector<std::string>({flagos::daemon::kDefaultListen}),
+          "Endpoints to serve on; repeat the flag or separate them with commas. "
+          "unix:///path/to/socket listens on a unix socket (the parent directory is created, "
+          "a stale socket file is replaced; mode 0660 and group `flagos` for the default "
+          "system socket, 0600 for any other path). host:port listens on TCP, which is only "
+          "allowed on loopback (localhost, 127.0.0.1, [::1]) until TLS is supported.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Device backend: auto or cpu. auto picks the best backend built into this flagosd "
+          "(today: cpu). cpu emulates --cpu-devices devices in host memory and runs operators "
+          "with ATen's CPU kernels. cuda and kunlunxin need a flagosd built with them.");
+ABSL_FLAG(int, cpu_devices, 2, "Number of emulated devices of the cpu backend (1..64).");
+ABSL_FLAG(flagos::daemon::ByteSize, device_memory, flagos::daemon::ByteSize{8ull << 30},
+          "Memory of each cpu-backend device: bytes, or a number with suffix K, KiB, M, MiB, G, "
+          "GiB, T or TiB (powers of 1024), e.g. 8GiB or 512M. Allocations beyond it fail with "
+          "an out-of-memory error. Host memory is only used as tensors are written.");
+ABSL_FLAG(int, max_sessions, 256,
+          "Most client sessions served at once; further sessions are refused with "
+          "RESOURCE_EXHAUSTED.");
+
+namespace flagos::daemon {
+namespace {
+
+constexpr char kUsage[] =
+    "the flagos device daemon.\n\n"
+    "flagosd owns this node's devices and runs PyTorch operators for clients that\n"
+    "`import torch_fl` (FLAGOS_ENDPOINT names the endpoint; unix:///run/flagosd/flagosd.sock\n"
+    "by default). Each client process holds one session; when it ends, cleanly or not,\n"
+    "everything it allocated is freed.\n\n"
+    "Usage: flagosd [--listen=unix:///run/flagosd/flagosd.sock] [--backend=auto]\n"
+    "               [--cpu-devices=2] [--device-memory=8GiB] [--max-sessions=256]\n"
+    "Flag names may be written with dashes or underscores (--cpu-devices, --cpu_devices).\n\n"
+    "flagosd prints one line on stdout when it is ready:\n"
+    "  flagosd 0.1.0 listening on unix:///run/flagosd/flagosd.sock (backend cpu, 2 devices x "
+    "8GiB)\n"
+    "and logs to stderr. SIGTERM or SIGINT stops it: sessions are cancelled, memory is freed,\n"
+    "and it exits with status 0.";
+
+// Rewrites the command line for absl: flag names may be written with
+// dashes (--cpu-devices) as well as underscores (--cpu_devices), and
+// --listen accumulates when repeated (absl keeps the last), so repeated
+// occurrences are merged into one comma-separated value.
+std::vector<std::string> NormalizeArgs(int argc, char** argv) {
+  std::vector<std::string> args;
+  std::vector<std::string> listen;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (i == 0) {
+      args.push_back(std::move(arg));
+      continue;
+    }
+    if (arg == "--") {  // everything after it is positional
+      for (; i < argc; ++i) args.emplace_back(argv[i]);
+      break;
+    }
+    if (arg.size() > 1 && arg[0] == '-') {
+      const size_t dashes = arg[1] == '-' ? 2 : 1;
+      const size_t name_end = std::min(arg.find('='), arg.size());
+      for (size_t c = dashes; c < name_end; ++c) {
+        if (arg[c] == '-') arg[c] = '_';
+      }
+      const std::string name = arg.substr(dashes, name_end - dashes);
+      if (name == "listen") {
+        if (name_end < arg.size()) {
+          listen.push_back(arg.substr(name_end + 1));
+          continue;
+        }
+        if (i + 1 < argc) {
+          listen.emplace_back(argv[++i]);
+          continue;
+        }
+      }
+    }
+    args.push_back(std::move(arg));
+  }
+  if (!listen.empty()) {
+    args.insert(args.begin() + 1, absl::StrCat("--listen=", absl::StrJoin(listen, ",")));
+  }
+  return args;
+}
+
+int Fail(absl::string_view message) {
+  std::fprintf(stderr, "flagosd: %.*s\n", static_cast<int>(message.size()), message.data());
+  return 1;
+}
+
+int Run(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage_config;
+  // --help lists the daemon's own flags (those of this file).
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "daemon/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+
+  // SIGTERM and SIGINT are taken by a dedicated thread (sigwait); block them
+  // before any other thread exists so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<std::string> merged = NormalizeArgs(argc, argv);
+  std::vector<char*> merged_argv;
+  for (std::string& arg : merged) merged_argv.push_back(arg.data());
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(merged_argv.size()), merged_argv.data());
+  if (positional.size() > 1) {
+    return Fail(absl::StrCat("unexpected argument '", positional[1],
+                             "'; flagosd takes flags only (see --help)"));
+  }
+
+  BackendOptions backend_options;
+  backend_options.name = absl::GetFlag(FLAGS_backend);
+  backend_options.cpu_devices = absl::GetFlag(FLAGS_cpu_devices);
+  backend_options.device_memory = absl::GetFlag(FLAGS_device_memory).bytes;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(backend_options);
+  if (!backend.ok()) return Fail(backend.status().message());
+
+  ServerOptions server_options;
+  server_options.listen = absl::GetFlag(FLAGS_listen);
+  server_options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend->get());
+  if (!server.ok()) return Fail(server.status().message());
+
+  const DeviceRuntime& runtime = (*backend)->runtime();
+  uint64_t device_memory = 0;
+  if (absl::StatusOr<DeviceProperties> properties = runtime.GetDeviceProperties(0);
+      properties.ok()) {
+    device_memory = properties->total_memory;
+  }
+  const std::string ready = absl::StrCat(
+      "flagosd ", kDaemonVersion, " listening on ", absl::StrJoin((*server)->endpoints(), ", "),
+      " (backend ", (*backend)->name(), ", ", runtime.DeviceCount(), " devices x ",
+      FormatByteSize(device_memory), ")");
+  std::printf("%s\n", ready.c_str());
+  std::fflush(stdout);
+  LogInfo(absl::StrCat(ready, "; torch ", TorchVersion()));
+
+  std::thread signal_thread([&stop_signals, &server] {
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    LogInfo(absl::StrCat("received ", strsignal(signal_number),
+                         ": cancelling sessions and shutting down"));
+    (*server)->Shutdown(absl::Seconds(1));
+  });
+  (*server)->Wait();
+  signal_thread.join();
+  server->reset();
+  backend->reset();
+  LogInfo("flagosd stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace flagos::daemon
+
+int main(int argc, char** argv) { return flagos::daemon::Run(argc, argv); }

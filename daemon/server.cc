@@ -1,0 +1,96 @@
+#include "server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "flagos_service.h"
+#include "logging.h"
+#include "session_registry.h"
+
+namespace flagos::daemon {
+
+Server::Server() = default;
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
+                                                      const Backend* backend) {
+  if (options.listen.empty()) {
+    return absl::InvalidArgumentError("--listen names no endpoint; give at least one");
+  }
+  if (options.max_sessions < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-sessions must be at least 1, got ", options.max_sessions));
+  }
+  std::unique_ptr<Server> server(new Server());
+  for (const std::string& spec : options.listen) {
+    absl::StatusOr<ListenEndpoint> endpoint = ParseListenEndpoint(spec);
+    if (!endpoint.ok()) return endpoint.status();
+    if (absl::Status s = PrepareUnixSocket(*endpoint); !s.ok()) return s;
+    server->listen_.push_back(*std::move(endpoint));
+  }
+
+  server->registry_ = std::make_unique<SessionRegistry>(options.max_sessions);
+  server->service_ = std::make_unique<FlagosService>(backend, server->registry_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(server->service_.get());
+  std::vector<int> ports(server->listen_.size(), 0);
+  for (size_t i = 0; i < server->listen_.size(); ++i) {
+    builder.AddListeningPort(server->listen_[i].uri, grpc::InsecureServerCredentials(),
+                             &ports[i]);
+  }
+  // Socket files are created owner-only; SecureUnixSocket then opens them
+  // as far as their mode says, so they are never wider open than that.
+  const mode_t old_umask = umask(0177);
+  server->server_ = builder.BuildAndStart();
+  umask(old_umask);
+  if (server->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "flagosd cannot listen on ", absl::StrJoin(options.listen, ", "),
+        " (gRPC's reason is logged above); check the addresses and that no other process uses "
+        "them"));
+  }
+  for (size_t i = 0; i < server->listen_.size(); ++i) {
+    const ListenEndpoint& endpoint = server->listen_[i];
+    if (endpoint.unix_path.empty()) {
+      const std::string& uri = endpoint.uri;
+      server->endpoints_.push_back(absl::StrCat(uri.substr(0, uri.rfind(':')), ":", ports[i]));
+      continue;
+    }
+    if (absl::Status s = SecureUnixSocket(endpoint); !s.ok()) return s;
+    server->endpoints_.push_back(
+        absl::StartsWith(endpoint.unix_path, "/") ? absl::StrCat("unix://", endpoint.unix_path)
+                                                  : endpoint.uri);
+  }
+  return server;
+}
+
+Server::~Server() {
+  Shutdown(absl::ZeroDuration());
+  Wait();
+}
+
+void Server::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  registry_->CancelAll();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+}
+
+void Server::Wait() {
+  if (server_ == nullptr || waited_) return;
+  server_->Wait();
+  waited_ = true;
+  for (const ListenEndpoint& endpoint : listen_) {
+    if (!endpoint.unix_path.empty()) unlink(endpoint.unix_path.c_str());
+  }
+}
+
+}  // namespace flagos::daemon

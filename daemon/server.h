@@ -1,0 +1,69 @@
+// flagosd's gRPC server: listens on the --listen endpoints and serves the
+// Flagos service (and grpc.health.v1) until Shutdown.
+//
+// Thread safety: Shutdown may be called from any thread (a signal thread);
+// the other methods from the owning thread.
+#ifndef FLAGOS_DAEMON_SERVER_H_
+#define FLAGOS_DAEMON_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backend.h"
+#include "listen_endpoint.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace flagos::daemon {
+
+class FlagosService;
+class SessionRegistry;
+
+// The largest gRPC message flagosd sends or accepts.
+inline constexpr int kMaxMessageBytes = 256 << 20;
+
+struct ServerOptions {
+  std::vector<std::string> listen = {kDefaultListen};
+  int max_sessions = 256;
+};
+
+class Server {
+ public:
+  // Listens on every endpoint of `options.listen`. Fails naming the
+  // endpoint when one cannot be used. `backend` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                       const Backend* backend);
+  // Shutdown(zero grace) and Wait().
+  ~Server();
+
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The endpoints listened on (a TCP port 0 replaced by the chosen port).
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+
+  // Stops accepting, cancels every session (each frees what it holds) and
+  // gives in-flight unary calls `grace` to finish. Idempotent.
+  void Shutdown(absl::Duration grace);
+  // Returns once the server has shut down and every handler has returned.
+  void Wait();
+
+ private:
+  Server();
+
+  std::unique_ptr<SessionRegistry> registry_;
+  std::unique_ptr<FlagosService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<ListenEndpoint> listen_;
+  std::vector<std::string> endpoints_;
+  bool waited_ = false;
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_SERVER_H_

@@ -1,0 +1,155 @@
+// One client session: the state behind one Session stream.
+//
+// A session owns its segments (SegmentTable), the ops it registered
+// (OpRunner) and one StreamQueue per (device, stream) it used. Commands are
+// handled as the flagos.proto comments say:
+//   - register_op and allocate run at once in the reading thread;
+//   - op, copies and memset go to their (device, stream) queue, FIFO;
+//   - free runs once every earlier command on its device (all streams) has
+//     executed; sync replies once every earlier command on its device (all
+//     devices when device < 0) has executed;
+//   - copy_device_to_device from another device runs on the destination's
+//     queue once every earlier command on the source device has executed.
+// Every address is checked against this session's segments when the
+// command executes; commands that execute hold the session's memory lock
+// shared, a free holds it exclusively, so memory is never unmapped under a
+// running command. Errors become Completions carrying the command's seq.
+//
+// Close() ends the session: pending commands are dropped, queues joined,
+// backend streams destroyed and every segment freed. Nothing outlives it.
+//
+// Thread safety: HandleBatch and Close are called by the session's reading
+// thread only; Info and the accessors may be called from any thread. The
+// reply function is called from the reading thread and the queue workers,
+// possibly concurrently; it must serialise its writes.
+#ifndef FLAGOS_DAEMON_SESSION_H_
+#define FLAGOS_DAEMON_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "backend.h"
+#include "flagos/v1/flagos.pb.h"
+#include "op_runner.h"
+#include "segment_table.h"
+#include "stream_queue.h"
+
+namespace flagos::daemon {
+
+// Streams (queues with a worker thread each) one session may use, all
+// devices together.
+inline constexpr int kMaxStreamsPerSession = 64;
+// Bytes of copy_to_device data a session may have queued and not yet
+// executed; beyond it the session stops reading until its queues catch up.
+inline constexpr uint64_t kMaxQueuedPayloadBytes = 512ull << 20;
+
+class Session {
+ public:
+  using ReplyFn = std::function<void(v1::Completion)>;
+
+  struct CloseSummary {
+    uint64_t segments = 0;  // segments freed
+    uint64_t bytes = 0;     // bytes they held
+  };
+
+  // `backend` must outlive the session.
+  Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply);
+  // Close().
+  ~Session();
+
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Handles the commands of one batch (moved out of `batch`). A command's
+  // failure is replied as an error Completion; a non-OK status means the
+  // batch itself broke the protocol (too many commands) and the session
+  // must end with that status.
+  absl::Status HandleBatch(v1::CommandBatch* batch);
+
+  // Ends the session; idempotent.
+  CloseSummary Close();
+
+  uint64_t id() const { return id_; }
+  int64_t pid() const { return pid_; }
+  const std::string& client() const { return client_; }
+  // Bytes in this session's segments on `device`.
+  uint64_t device_bytes(int device) const { return segments_.device_bytes(device); }
+  v1::SessionInfo Info() const;
+
+ private:
+  struct StreamState {
+    int device = 0;
+    StreamHandle backend_stream = 0;
+    std::unique_ptr<StreamQueue> queue;
+  };
+
+  void Dispatch(v1::Command command);
+  void Allocate(uint64_t seq, int device, uint64_t nbytes);
+  void ScheduleFree(uint64_t seq, int device, DevicePtr addr);
+  void ExecuteFree(uint64_t seq, int device, DevicePtr addr);
+  void Enqueue(v1::Command command);
+  // Runs on a queue worker.
+  void Execute(const v1::Command& command, StreamHandle backend_stream);
+  absl::Status ExecuteLocked(const v1::Command& command, StreamHandle backend_stream,
+                             v1::Completion* completion, bool* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(memory_mu_);
+  // OK when [addr, addr + nbytes) lies inside one segment of `device`.
+  absl::Status CheckRange(const v1::Command& command, int device, uint64_t addr,
+                          uint64_t nbytes) const;
+  // The queue for (device, stream), created on first use.
+  absl::StatusOr<StreamState*> QueueFor(int device, uint64_t stream);
+  // Runs `action` once every command already queued on `device` (every
+  // device when device < 0) has executed: in the reading thread now when
+  // nothing is queued, else on the worker that finishes last.
+  void AfterQueuedCommands(int device, std::function<void()> action);
+  void ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // Blocks a queue worker until `ready` (guarded by gate_mu_) or the
+  // session closes; returns `ready`.
+  bool WaitUntilReady(const bool& ready);
+
+  // Constant after construction.
+  const uint64_t id_;
+  const int64_t pid_;
+  const std::string client_;
+  const Backend& backend_;
+  const ReplyFn reply_;
+  const std::unique_ptr<OpRunner> ops_;
+
+  // Reading thread only.
+  bool has_seq_ = false;
+  uint64_t last_seq_ = 0;
+  bool closed_ = false;
+
+  std::atomic<uint64_t> commands_{0};
+  SegmentTable segments_;  // internally synchronised
+
+  // Held shared while a command uses device memory, exclusively to free it.
+  mutable absl::Mutex memory_mu_;
+
+  absl::Mutex queues_mu_;
+  absl::flat_hash_map<std::pair<int, uint64_t>, std::unique_ptr<StreamState>> queues_
+      ABSL_GUARDED_BY(queues_mu_);
+
+  absl::Mutex payload_mu_;
+  uint64_t queued_payload_bytes_ ABSL_GUARDED_BY(payload_mu_) = 0;
+
+  absl::Mutex gate_mu_;
+  bool closing_ ABSL_GUARDED_BY(gate_mu_) = false;
+
+  // Frees scheduled and not yet executed (allocate waits for them before it
+  // reports out-of-memory).
+  absl::Mutex free_mu_;
+  int pending_frees_ ABSL_GUARDED_BY(free_mu_) = 0;
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_SESSION_H_

@@ -1,0 +1,59 @@
+// A FIFO of work for one (session, device, stream), executed in order by
+// its own worker thread. Commands a client issues on one stream run in the
+// order issued; different streams run concurrently.
+//
+// Thread safety: Push and Stop may be called from any thread. Tasks run on
+// the worker thread only, one at a time.
+#ifndef FLAGOS_DAEMON_STREAM_QUEUE_H_
+#define FLAGOS_DAEMON_STREAM_QUEUE_H_
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+
+namespace flagos::daemon {
+
+class StreamQueue {
+ public:
+  using Task = absl::AnyInvocable<void() &&>;
+
+  // Starts the worker. `name` appears in log lines ("session 3 flagos:0 stream 7").
+  explicit StreamQueue(std::string name);
+  // Stop().
+  ~StreamQueue();
+
+  StreamQueue(const StreamQueue&) = delete;
+  StreamQueue& operator=(const StreamQueue&) = delete;
+
+  // Appends `task`. After Stop() the task is dropped unexecuted. A task that
+  // throws is logged and does not stop the queue.
+  void Push(Task task);
+
+  // Drops every task not yet started, waits for the running one to finish
+  // and joins the worker. Idempotent. Must not be called from a task.
+  void Stop();
+
+  // Tasks pushed and not yet finished.
+  uint64_t pending() const;
+
+ private:
+  void Run();
+
+  const std::string name_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool running_task_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread worker_;  // last: started when everything above exists
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_STREAM_QUEUE_H_

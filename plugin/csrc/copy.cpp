@@ -1,0 +1,167 @@
+#include "copy.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime.h"
+#include "tensor_codec.h"
+
+namespace torch_fl {
+namespace {
+
+constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
+
+bool IsFlagos(const at::Tensor& t) { return t.device().type() == kFlagos; }
+
+// A tensor whose elements fill exactly [first element, first + nbytes) of its
+// storage in some order, so its bytes move as one contiguous block.
+bool IsDenseBlock(const at::Tensor& t) { return t.is_non_overlapping_and_dense(); }
+
+// A CPU tensor with the same sizes, strides and dtype as `like` holding `src`.
+at::Tensor HostStaging(const at::Tensor& like, const at::Tensor& src) {
+  at::Tensor staging = at::empty_strided(like.sizes(), like.strides(),
+                                         at::TensorOptions().dtype(like.scalar_type()));
+  staging.copy_(src);
+  return staging;
+}
+
+void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst) {
+  if (dst.numel() == 0) return;
+  if (IsDenseBlock(dst)) {
+    at::Tensor staging = HostStaging(dst, src);
+    UploadBytes(dst.device().index(), ElementAddr(dst), staging.const_data_ptr(),
+                staging.nbytes());
+    return;
+  }
+  // dst has gaps or overlaps (a slice, an expand): upload densely, then let
+  // the daemon scatter it into place.
+  at::Tensor dense = at::empty(dst.sizes(), dst.options().memory_format(at::MemoryFormat::Contiguous));
+  CopyHostToDevice(src, dense);
+  EnqueueDeviceCopy(dst, dense);
+}
+
+void CopyDeviceToHost(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.numel() == 0) return;
+  if (!IsDenseBlock(src)) {
+    at::Tensor dense = at::empty(src.sizes(), src.options());
+    EnqueueDeviceCopy(dense, src);
+    CopyDeviceToHost(dense, dst);
+    return;
+  }
+  at::Tensor staging = at::empty_strided(src.sizes(), src.strides(),
+                                         at::TensorOptions().dtype(src.scalar_type()));
+  DownloadBytes(src.device().index(), ElementAddr(src), staging.data_ptr(), staging.nbytes());
+  dst.copy_(staging);
+}
+
+void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
+  if (dst.numel() == 0) return;
+  int src_device = src.device().index();
+  int dst_device = dst.device().index();
+  // A dense, same-dtype block on the source device.
+  at::Tensor block = src;
+  if (!IsDenseBlock(src) || src.scalar_type() != dst.scalar_type()) {
+    c10::DeviceGuard guard(src.device());
+    block = at::empty(src.sizes(), src.options().dtype(dst.scalar_type()));
+    EnqueueDeviceCopy(block, src);
+  }
+  // Everything enqueued on the source device must have run before the
+  // destination device reads it.
+  Synchronize(src_device);
+  at::Tensor landing;
+  {
+    c10::DeviceGuard guard(dst.device());
+    landing = at::empty_strided(block.sizes(), block.strides(), dst.options());
+  }
+  flagos::v1::Command command;
+  command.set_device(dst_device);
+  auto* copy = command.mutable_copy_device_to_device();
+  copy->set_src(ElementAddr(block));
+  copy->set_src_device(src_device);
+  copy->set_dst(ElementAddr(landing));
+  copy->set_nbytes(block.nbytes());
+  Enqueue(std::move(command), "copy flagos:" + std::to_string(src_device) + " → flagos:" +
+                                  std::to_string(dst_device));
+  // `block` may be freed now: the copy was enqueued after a synchronisation
+  // of the source device, and the source device only reuses the block for
+  // commands enqueued later.
+  Synchronize(dst_device);
+  EnqueueDeviceCopy(dst, landing);
+}
+
+}  // namespace
+
+void UploadBytes(int device, uint64_t addr, const void* data, uint64_t nbytes) {
+  const char* bytes = static_cast<const char*>(data);
+  for (uint64_t done = 0; done < nbytes;) {
+    uint64_t n = std::min(nbytes - done, flagos::client::kMaxCopyChunk);
+    flagos::v1::Command command;
+    command.set_device(device);
+    auto* copy = command.mutable_copy_to_device();
+    copy->set_addr(addr + done);
+    copy->set_data(bytes + done, n);
+    Enqueue(std::move(command), "copy host → flagos:" + std::to_string(device));
+    done += n;
+  }
+}
+
+void DownloadBytes(int device, uint64_t addr, void* out, uint64_t nbytes) {
+  char* bytes = static_cast<char*>(out);
+  for (uint64_t done = 0; done < nbytes;) {
+    uint64_t n = std::min(nbytes - done, flagos::client::kMaxCopyChunk);
+    flagos::v1::Command command;
+    command.set_device(device);
+    auto* copy = command.mutable_copy_from_device();
+    copy->set_addr(addr + done);
+    copy->set_nbytes(n);
+    flagos::v1::Completion completion =
+        Call(std::move(command), "copy flagos:" + std::to_string(device) + " → host");
+    TORCH_CHECK(completion.data().size() == n, "flagos: the daemon returned ",
+                completion.data().size(), " bytes for a copy of ", n, " bytes from flagos:",
+                device);
+    std::memcpy(bytes + done, completion.data().data(), n);
+    done += n;
+  }
+}
+
+void EnqueueDeviceCopy(const at::Tensor& dst, const at::Tensor& src) {
+  TORCH_INTERNAL_ASSERT(IsFlagos(dst) && IsFlagos(src) && dst.device() == src.device());
+  if (dst.numel() == 0) return;
+  flagos::v1::Command command;
+  command.set_device(dst.device().index());
+  auto* op = command.mutable_op();
+  op->set_op_id(OpId("aten::copy_", ""));
+  EncodeTensorRef(dst, op->add_args()->mutable_tensor());
+  EncodeTensorRef(src, op->add_args()->mutable_tensor());
+  op->add_args()->set_b(false);
+  Enqueue(std::move(command), "aten::copy_");
+}
+
+at::Tensor CopyFrom(const at::Tensor& src, const at::Tensor& dst, bool /*non_blocking*/) {
+  TORCH_CHECK(dst.sizes() == src.sizes() || src.numel() == 1 || src.dim() <= dst.dim(),
+              "flagos: copy_ between incompatible shapes ", src.sizes(), " and ", dst.sizes());
+  // copy_ broadcasts src to dst's shape.
+  at::Tensor source = src.sizes() == dst.sizes() ? src : src.expand(dst.sizes());
+  if (IsFlagos(source) && IsFlagos(dst)) {
+    if (source.device() == dst.device()) {
+      EnqueueDeviceCopy(dst, source);
+    } else {
+      CopyBetweenDevices(source, dst);
+    }
+  } else if (IsFlagos(dst)) {
+    TORCH_CHECK(source.device().is_cpu(), "flagos: cannot copy from ", source.device(),
+                " to flagos; copy through the CPU");
+    CopyHostToDevice(source, dst);
+  } else {
+    TORCH_CHECK(dst.device().is_cpu(), "flagos: cannot copy from flagos to ", dst.device(),
+                "; copy through the CPU");
+    CopyDeviceToHost(source, dst);
+  }
+  return dst;
+}
+
+}  // namespace torch_fl

@@ -1,0 +1,331 @@
+#include "device_allocator.h"
+
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime.h"
+
+namespace torch_fl {
+namespace {
+
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::Stat;
+using c10::CachingDeviceAllocator::StatType;
+
+constexpr uint64_t kMinBlock = 512;
+constexpr uint64_t kSmallRequest = 1ull << 20;
+constexpr uint64_t kSegmentGranularity = 2ull << 20;
+
+uint64_t RoundUp(uint64_t n, uint64_t m) { return (n + m - 1) / m * m; }
+
+struct Block {
+  uint64_t addr = 0;
+  uint64_t size = 0;
+  uint64_t segment = 0;  // address of the owning segment
+  uint64_t requested = 0;
+  bool free = true;
+};
+
+struct Segment {
+  uint64_t addr = 0;
+  uint64_t size = 0;
+  uint64_t allocated_blocks = 0;
+};
+
+void StatAdd(Stat& stat, int64_t amount) {
+  stat.current += amount;
+  stat.peak = std::max(stat.peak, stat.current);
+  if (amount > 0) stat.allocated += amount;
+  if (amount < 0) stat.freed += -amount;
+}
+
+void StatAdd(c10::CachingDeviceAllocator::StatArray& stats, int64_t amount) {
+  StatAdd(stats[static_cast<size_t>(StatType::AGGREGATE)], amount);
+}
+
+struct DevicePool {
+  std::map<uint64_t, Block> blocks;                        // by address
+  std::set<std::pair<uint64_t, uint64_t>> free_blocks;     // (size, addr)
+  std::map<uint64_t, Segment> segments;                    // by address
+  DeviceStats stats;
+};
+
+class Pools {
+ public:
+  c10::DataPtr Allocate(int device, size_t nbytes);
+  void Free(void* ptr);
+  void EmptyCache();
+  int DeviceOf(const void* ptr);
+  DeviceStats Stats(int device);
+  void ResetAccumulated(int device);
+  void ResetPeak(int device);
+
+ private:
+  DevicePool& Pool(int device);
+  // REQUIRES: mu_ held. Returns the address of a block of exactly `size`.
+  uint64_t TakeBlock(DevicePool& pool, uint64_t size, uint64_t requested);
+  // REQUIRES: mu_ held. Frees every wholly free segment of `pool`.
+  void ReleaseFreeSegments(int device, DevicePool& pool);
+
+  std::mutex mu_;
+  std::unordered_map<int, DevicePool> pools_;
+  std::unordered_map<uint64_t, int> block_device_;  // live block addr → device
+};
+
+Pools& GlobalPools() {
+  static auto* pools = new Pools();  // never destroyed: tensors die at exit
+  return *pools;
+}
+
+void DeleteBlock(void* ptr) { GlobalPools().Free(ptr); }
+
+DevicePool& Pools::Pool(int device) { return pools_[device]; }
+
+uint64_t Pools::TakeBlock(DevicePool& pool, uint64_t size, uint64_t requested) {
+  auto it = pool.free_blocks.lower_bound({size, 0});
+  TORCH_INTERNAL_ASSERT(it != pool.free_blocks.end());
+  uint64_t addr = it->second;
+  pool.free_blocks.erase(it);
+  Block& block = pool.blocks.at(addr);
+  if (block.size - size >= kMinBlock) {
+    Block rest;
+    rest.addr = addr + size;
+    rest.size = block.size - size;
+    rest.segment = block.segment;
+    pool.blocks.emplace(rest.addr, rest);
+    pool.free_blocks.insert({rest.size, rest.addr});
+    block.size = size;
+  }
+  block.free = false;
+  block.requested = requested;
+  pool.segments.at(block.segment).allocated_blocks++;
+  return addr;
+}
+
+c10::DataPtr Pools::Allocate(int device, size_t nbytes) {
+  c10::Device c10_device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  if (nbytes == 0) return c10::DataPtr(nullptr, nullptr, &DeleteBlock, c10_device);
+  uint64_t size = RoundUp(nbytes, kMinBlock);
+  std::lock_guard<std::mutex> lock(mu_);
+  DevicePool& pool = Pool(device);
+  if (pool.free_blocks.lower_bound({size, 0}) == pool.free_blocks.end()) {
+    uint64_t segment_size =
+        size <= kSmallRequest ? kSegmentGranularity : RoundUp(size, kSegmentGranularity);
+    flagos::v1::Command command;
+    command.set_device(device);
+    command.mutable_allocate()->set_nbytes(segment_size);
+    auto completion = Session().Call(command, "allocate segment");
+    if (!completion.ok() && completion.status().code() == absl::StatusCode::kResourceExhausted) {
+      ReleaseFreeSegments(device, pool);
+      pool.stats.num_alloc_retries++;
+      completion = Session().Call(command, "allocate segment");
+    }
+    if (!completion.ok() && completion.status().code() == absl::StatusCode::kResourceExhausted) {
+      pool.stats.num_ooms++;
+      constexpr size_t agg = static_cast<size_t>(StatType::AGGREGATE);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "flagos: out of memory on flagos:", device,
+                       ": tried to allocate ", nbytes, " bytes (",
+                       pool.stats.allocated_bytes[agg].current, " bytes allocated by tensors, ",
+                       pool.stats.reserved_bytes[agg].current,
+                       " bytes reserved by this process); the daemon said: ",
+                       completion.status().message());
+    }
+    ThrowIfError(completion.status());
+    Segment segment;
+    segment.addr = completion->addr();
+    segment.size = segment_size;
+    pool.segments.emplace(segment.addr, segment);
+    Block block;
+    block.addr = segment.addr;
+    block.size = segment_size;
+    block.segment = segment.addr;
+    pool.blocks.emplace(block.addr, block);
+    pool.free_blocks.insert({block.size, block.addr});
+    StatAdd(pool.stats.segment, 1);
+    StatAdd(pool.stats.reserved_bytes, static_cast<int64_t>(segment_size));
+    pool.stats.num_device_alloc++;
+  }
+  uint64_t addr = TakeBlock(pool, size, nbytes);
+  block_device_[addr] = device;
+  StatAdd(pool.stats.allocation, 1);
+  StatAdd(pool.stats.active, 1);
+  StatAdd(pool.stats.allocated_bytes, static_cast<int64_t>(size));
+  StatAdd(pool.stats.active_bytes, static_cast<int64_t>(size));
+  StatAdd(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
+  void* ptr = reinterpret_cast<void*>(addr);
+  return c10::DataPtr(ptr, ptr, &DeleteBlock, c10_device);
+}
+
+void Pools::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  uint64_t addr = reinterpret_cast<uint64_t>(ptr);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto owner = block_device_.find(addr);
+  if (owner == block_device_.end()) return;  // session already gone
+  DevicePool& pool = Pool(owner->second);
+  block_device_.erase(owner);
+  auto it = pool.blocks.find(addr);
+  TORCH_INTERNAL_ASSERT(it != pool.blocks.end() && !it->second.free);
+  Block& block = it->second;
+  StatAdd(pool.stats.allocation, -1);
+  StatAdd(pool.stats.active, -1);
+  StatAdd(pool.stats.allocated_bytes, -static_cast<int64_t>(block.size));
+  StatAdd(pool.stats.active_bytes, -static_cast<int64_t>(block.size));
+  StatAdd(pool.stats.requested_bytes, -static_cast<int64_t>(block.requested));
+  block.free = true;
+  pool.segments.at(block.segment).allocated_blocks--;
+  // Merge with the following and the preceding free blocks of the segment.
+  auto next = std::next(it);
+  if (next != pool.blocks.end() && next->second.free && next->second.segment == block.segment) {
+    pool.free_blocks.erase({next->second.size, next->first});
+    block.size += next->second.size;
+    pool.blocks.erase(next);
+  }
+  if (it != pool.blocks.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.free && prev->second.segment == block.segment) {
+      pool.free_blocks.erase({prev->second.size, prev->first});
+      prev->second.size += block.size;
+      pool.blocks.erase(it);
+      it = prev;
+    }
+  }
+  pool.free_blocks.insert({it->second.size, it->first});
+}
+
+void Pools::ReleaseFreeSegments(int device, DevicePool& pool) {
+  for (auto it = pool.segments.begin(); it != pool.segments.end();) {
+    Segment& segment = it->second;
+    if (segment.allocated_blocks != 0) {
+      ++it;
+      continue;
+    }
+    pool.free_blocks.erase({segment.size, segment.addr});
+    pool.blocks.erase(segment.addr);
+    StatAdd(pool.stats.segment, -1);
+    StatAdd(pool.stats.reserved_bytes, -static_cast<int64_t>(segment.size));
+    pool.stats.num_device_free++;
+    if (SessionOpen()) {
+      flagos::v1::Command command;
+      command.set_device(device);
+      command.mutable_free()->set_addr(segment.addr);
+      Session().Enqueue(std::move(command), "free segment");
+    }
+    it = pool.segments.erase(it);
+  }
+}
+
+void Pools::EmptyCache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [device, pool] : pools_) ReleaseFreeSegments(device, pool);
+}
+
+int Pools::DeviceOf(const void* ptr) {
+  uint64_t addr = reinterpret_cast<uint64_t>(ptr);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [device, pool] : pools_) {
+    auto it = pool.segments.upper_bound(addr);
+    if (it == pool.segments.begin()) continue;
+    --it;
+    if (addr < it->second.addr + it->second.size) return device;
+  }
+  return -1;
+}
+
+DeviceStats Pools::Stats(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Pool(device).stats;
+}
+
+void Pools::ResetAccumulated(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceStats& stats = Pool(device).stats;
+  for (auto* array : {&stats.allocation, &stats.segment, &stats.active, &stats.allocated_bytes,
+                      &stats.reserved_bytes, &stats.active_bytes, &stats.requested_bytes}) {
+    for (Stat& stat : *array) {
+      stat.allocated = 0;
+      stat.freed = 0;
+    }
+  }
+  stats.num_alloc_retries = 0;
+  stats.num_ooms = 0;
+  stats.num_device_alloc = 0;
+  stats.num_device_free = 0;
+}
+
+void Pools::ResetPeak(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceStats& stats = Pool(device).stats;
+  for (auto* array : {&stats.allocation, &stats.segment, &stats.active, &stats.allocated_bytes,
+                      &stats.reserved_bytes, &stats.active_bytes, &stats.requested_bytes}) {
+    for (Stat& stat : *array) stat.peak = stat.current;
+  }
+}
+
+}  // namespace
+
+c10::DataPtr FlagosDeviceAllocator::allocate(size_t nbytes) {
+  return GlobalPools().Allocate(CurrentDevice(), nbytes);
+}
+
+c10::DataPtr FlagosDeviceAllocator::AllocateOn(int device, size_t nbytes) {
+  return GlobalPools().Allocate(device, nbytes);
+}
+
+c10::DeleterFnPtr FlagosDeviceAllocator::raw_deleter() const { return &DeleteBlock; }
+
+void FlagosDeviceAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "flagos: Allocator::copy_data on device memory is not supported; "
+                              "copy tensors with Tensor.copy_ instead");
+}
+
+void FlagosDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
+  GlobalPools().EmptyCache();
+}
+
+void FlagosDeviceAllocator::recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) {
+  // Every command of a device runs in one FIFO (the default stream), so a
+  // block freed by the client is never reused before earlier work using it
+  // has executed: there is nothing to record.
+}
+
+DeviceStats FlagosDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
+  return GlobalPools().Stats(device);
+}
+
+void FlagosDeviceAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  GlobalPools().ResetAccumulated(device);
+}
+
+void FlagosDeviceAllocator::resetPeakStats(c10::DeviceIndex device) {
+  GlobalPools().ResetPeak(device);
+}
+
+std::pair<size_t, size_t> FlagosDeviceAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  auto stats = ValueOrThrow(Session().GetStats());
+  for (const auto& info : stats.devices()) {
+    if (info.index() == device) {
+      return {info.total_memory() - info.used_memory(), info.total_memory()};
+    }
+  }
+  TORCH_CHECK(false, "flagos: the daemon reports no device ", static_cast<int>(device));
+}
+
+int FlagosDeviceAllocator::DeviceOf(const void* ptr) { return GlobalPools().DeviceOf(ptr); }
+
+FlagosDeviceAllocator& DeviceAllocator() {
+  static FlagosDeviceAllocator allocator;
+  return allocator;
+}
+
+// Registered for PrivateUse1 so torch.accelerator memory functions and
+// at::empty find it.
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &DeviceAllocator());
+
+}  // namespace torch_fl

@@ -1,0 +1,45 @@
+// FlagosDeviceAllocator: the c10 caching allocator of flagos device memory.
+//
+// The daemon hands the session segments (AllocateSegment, a synchronous
+// call); tensors are carved out of them here as blocks, without a round trip.
+// Freed blocks return to a per-device pool and merge with free neighbours;
+// empty_cache() gives wholly free segments back (FreeSegment, ordered after
+// every earlier command on the device). A block is reused only after it is
+// freed; with one stream per device the daemon's FIFO order makes reuse safe.
+//
+// Small requests (≤ 1 MiB) share 2 MiB segments; larger ones get segments
+// rounded up to 2 MiB. When a segment cannot be had, the cache is emptied
+// and the allocation retried once; then torch.OutOfMemoryError is raised.
+//
+// Thread safety: all methods may be called from any thread.
+#pragma once
+
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <cstdint>
+
+namespace torch_fl {
+
+class FlagosDeviceAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override;
+  c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override;
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+
+  // Allocates on an explicit device (allocate() uses the current device).
+  c10::DataPtr AllocateOn(int device, size_t nbytes);
+  // The device owning `ptr`, or -1 if it is not a live flagos allocation.
+  int DeviceOf(const void* ptr);
+};
+
+FlagosDeviceAllocator& DeviceAllocator();
+
+}  // namespace torch_fl

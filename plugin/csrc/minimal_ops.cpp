@@ -1,0 +1,179 @@
+// The explicit PrivateUse1 kernels every backend needs (the rest goes
+// through the boxed fallback in fallback.cpp): tensor creation, metadata-only
+// views, resizing, set_, copies and scalar reads. Metadata ops run entirely
+// in this process; none of them talks to the daemon unless bytes move.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "copy.h"
+#include "device_allocator.h"
+#include "runtime.h"
+#include "storage.h"
+#include "tensor_codec.h"
+
+namespace torch_fl {
+
+constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
+
+void ResizeStorageBytes(const c10::Storage& storage, size_t nbytes) {
+  if (nbytes == storage.nbytes()) return;
+  TORCH_CHECK(storage.resizable(), "flagos: trying to resize storage that is not resizable");
+  int device = storage.device().index();
+  c10::DataPtr fresh = DeviceAllocator().AllocateOn(device, nbytes);
+  size_t keep = std::min(nbytes, storage.nbytes());
+  const void* old = storage.data_ptr().get();
+  if (keep > 0 && old != nullptr) {
+    flagos::v1::Command command;
+    command.set_device(device);
+    auto* copy = command.mutable_copy_device_to_device();
+    copy->set_src(reinterpret_cast<uint64_t>(old));
+    copy->set_src_device(device);
+    copy->set_dst(reinterpret_cast<uint64_t>(fresh.get()));
+    copy->set_nbytes(keep);
+    Enqueue(std::move(command), "resize storage");
+  }
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
+  storage.unsafeGetStorageImpl()->set_nbytes(nbytes);
+}
+
+namespace {
+
+int DeviceIndexOf(std::optional<c10::Device> device) {
+  if (device.has_value() && device->has_index()) return device->index();
+  return CurrentDevice();
+}
+
+at::Tensor Empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                 std::optional<bool> pin_memory,
+                 std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(!pin_memory.value_or(false), "flagos: pin_memory applies to CPU tensors only");
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided,
+              "flagos: only strided tensors are supported");
+  c10::DeviceGuard guard(c10::Device(kFlagos, static_cast<c10::DeviceIndex>(DeviceIndexOf(device))));
+  return at::detail::empty_generic(size, &DeviceAllocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor EmptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                        std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                        std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "flagos: pin_memory applies to CPU tensors only");
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided,
+              "flagos: only strided tensors are supported");
+  c10::DeviceGuard guard(c10::Device(kFlagos, static_cast<c10::DeviceIndex>(DeviceIndexOf(device))));
+  return at::detail::empty_strided_generic(size, stride, &DeviceAllocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor AsStrided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                     std::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor View(const at::Tensor& self, c10::IntArrayRef size) {
+  return at::native::view(self, size);
+}
+
+at::Tensor ReshapeAlias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+const at::Tensor& Resize(const at::Tensor& self, c10::IntArrayRef size,
+                         std::optional<c10::MemoryFormat> memory_format) {
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() == size && !memory_format.has_value()) return self;
+  for (int64_t s : size) TORCH_CHECK(s >= 0, "flagos: resize_ to a negative size ", size);
+  impl->set_sizes_contiguous(size);
+  size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(),
+                                                             self.storage_offset());
+  if (needed > self.storage().nbytes()) ResizeStorageBytes(self.storage(), needed);
+  if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Preserve) {
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+at::Tensor& SetStorage(at::Tensor& self, c10::Storage source, int64_t storage_offset,
+                       c10::IntArrayRef size, c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == kFlagos || source.nbytes() == 0,
+              "flagos: set_ expects a flagos storage, got one on ", source.device());
+  TORCH_CHECK(storage_offset >= 0, "flagos: set_ with a negative storage offset");
+  TORCH_CHECK(stride.empty() || stride.size() == size.size(),
+              "flagos: set_ with ", size.size(), " sizes but ", stride.size(), " strides");
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  if (!self.storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+    impl->set_storage_offset(storage_offset);
+  } else {
+    impl->set_sizes_and_strides(size, stride, storage_offset);
+  }
+  size_t needed = stride.empty()
+      ? at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), storage_offset)
+      : at::detail::computeStorageNbytes(size, stride, self.dtype().itemsize(), storage_offset);
+  if (needed > self.storage().nbytes()) ResizeStorageBytes(self.storage(), needed);
+  return self;
+}
+
+at::Tensor& SetSourceStorage(at::Tensor& self, c10::Storage source) {
+  return at::native::set_(self, std::move(source));
+}
+
+at::Tensor& SetSourceTensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+at::Tensor& SetEmpty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0,
+                       DeviceAllocator().AllocateOn(self.device().index(), 0), &DeviceAllocator(),
+                       /*resizable=*/true);
+  return SetStorage(self, std::move(storage), 0, {0}, {});
+}
+
+at::Tensor CopyFromOp(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  return CopyFrom(self, dst, non_blocking);
+}
+
+at::Tensor CopyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) dst.resize_(self.sizes());
+  return CopyFrom(self, dst, false);
+}
+
+c10::Scalar LocalScalarDense(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() == 1, "flagos: a Tensor with ", self.numel(),
+              " elements cannot be converted to Scalar");
+  at::Tensor host = at::empty({}, at::TensorOptions().dtype(self.scalar_type()));
+  DownloadBytes(self.device().index(), ElementAddr(self), host.data_ptr(), host.nbytes());
+  return host.item();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(Empty));
+  m.impl("empty_strided", TORCH_FN(EmptyStrided));
+  m.impl("as_strided", TORCH_FN(AsStrided));
+  m.impl("view", TORCH_FN(View));
+  m.impl("_reshape_alias", TORCH_FN(ReshapeAlias));
+  m.impl("resize_", TORCH_FN(Resize));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(SetStorage));
+  m.impl("set_.source_Storage", TORCH_FN(SetSourceStorage));
+  m.impl("set_.source_Tensor", TORCH_FN(SetSourceTensor));
+  m.impl("set_", TORCH_FN(SetEmpty));
+  m.impl("_copy_from", TORCH_FN(CopyFromOp));
+  m.impl("_copy_from_and_resize", TORCH_FN(CopyFromAndResize));
+  m.impl("_local_scalar_dense", TORCH_FN(LocalScalarDense));
+}
+
+}  // namespace torch_fl

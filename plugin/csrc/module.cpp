@@ -1,0 +1,171 @@
+// torch_fl._C: the Python binding of the flagos runtime. Importing it
+// registers the PrivateUse1 kernels, allocator, guard and hooks (static
+// registrations in the other files of this library).
+#include <Python.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Generator.h>
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "device_allocator.h"
+#include "generator.h"
+#include "flagos/client/connection.h"
+#include "runtime.h"
+
+namespace py = pybind11;
+
+namespace torch_fl {
+
+void RegisterHooks();  // hooks.cpp
+
+namespace {
+
+py::dict DeviceDict(const flagos::v1::DeviceInfo& d) {
+  py::dict out;
+  out["index"] = d.index();
+  out["name"] = d.name();
+  out["total_memory"] = d.total_memory();
+  out["used_memory"] = d.used_memory();
+  out["capabilities"] = std::vector<std::string>(d.capabilities().begin(), d.capabilities().end());
+  out["gaps"] = std::vector<std::string>(d.gaps().begin(), d.gaps().end());
+  return out;
+}
+
+py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
+  py::dict out;
+  out["backend"] = stats.backend();
+  out["sessions_total"] = stats.sessions_total();
+  py::list devices;
+  for (const auto& d : stats.devices()) devices.append(DeviceDict(d));
+  out["devices"] = devices;
+  py::list sessions;
+  for (const auto& s : stats.sessions()) {
+    py::dict session;
+    session["id"] = s.id();
+    session["pid"] = s.pid();
+    session["uid"] = s.uid();
+    session["client"] = s.client();
+    session["segment_bytes"] = s.segment_bytes();
+    session["segments"] = s.segments();
+    session["commands"] = s.commands();
+    sessions.append(session);
+  }
+  out["sessions"] = sessions;
+  return out;
+}
+
+flagos::v1::GetStatsResponse DaemonStats(const std::string& endpoint) {
+  if (endpoint.empty()) return ValueOrThrow(Session().GetStats());
+  return ValueOrThrow(flagos::client::QueryStats(endpoint, absl::Seconds(5)));
+}
+
+// Deliberately malformed commands, for tests of the daemon's validation.
+void TestBadCommand(const std::string& kind) {
+  flagos::v1::Command command;
+  command.set_device(0);
+  if (kind == "address_outside_segments") {
+    auto* copy = command.mutable_copy_from_device();
+    copy->set_addr(0x1000);
+    copy->set_nbytes(64);
+  } else if (kind == "unknown_op_id") {
+    auto* op = command.mutable_op();
+    op->set_op_id(0x7ffffff0);
+    op->set_want_values(true);
+  } else if (kind == "malformed_tensor_ref") {
+    auto* op = command.mutable_op();
+    op->set_op_id(OpId("aten::abs", ""));
+    op->set_want_values(true);
+    auto* ref = op->add_args()->mutable_tensor();
+    ref->set_addr(0x1000);
+    ref->add_sizes(4);
+    ref->add_sizes(4);
+    ref->add_strides(1);  // two sizes, one stride
+    ref->set_dtype(static_cast<int32_t>(c10::ScalarType::Float));
+  } else {
+    TORCH_CHECK(false, "unknown bad-command kind '", kind,
+                "' (address_outside_segments, unknown_op_id, malformed_tensor_ref)");
+  }
+  Call(std::move(command), "test command (" + kind + ")");
+}
+
+py::bytes TestReadDevice(uint64_t addr, uint64_t nbytes, int device) {
+  std::string out;
+  {
+    py::gil_scoped_release release;
+    out.resize(nbytes);
+    flagos::v1::Command command;
+    command.set_device(device);
+    command.mutable_copy_from_device()->set_addr(addr);
+    command.mutable_copy_from_device()->set_nbytes(nbytes);
+    flagos::v1::Completion completion = Call(std::move(command), "test read");
+    out = completion.data();
+  }
+  return py::bytes(out);
+}
+
+}  // namespace
+}  // namespace torch_fl
+
+PYBIND11_MODULE(_C, m) {
+  using namespace torch_fl;
+  m.doc() = "flagos runtime binding (internal; use torch_fl and torch.flagos)";
+  RegisterHooks();
+
+  m.def("_set_endpoint_resolver", [](py::function resolver) {
+    // Keep the Python callable alive for the life of the process.
+    auto* held = new py::function(std::move(resolver));
+    SetEndpointResolver([held]() {
+      py::gil_scoped_acquire gil;
+      return (*held)().cast<std::string>();
+    });
+  });
+  m.def("_close_session", &CloseSession, py::call_guard<py::gil_scoped_release>());
+  m.def("_session_open", &SessionOpen);
+  m.def("_endpoint", []() { return Session().endpoint(); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_session_id", []() { return Session().session_id(); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_device_count", &DeviceCount, py::call_guard<py::gil_scoped_release>());
+  m.def("_device_count_no_throw", &DeviceCountNoThrow, py::call_guard<py::gil_scoped_release>());
+  m.def("_current_device", &CurrentDevice);
+  m.def("_set_device", &SetCurrentDevice, py::call_guard<py::gil_scoped_release>());
+  m.def("_synchronize", &Synchronize, py::call_guard<py::gil_scoped_release>(),
+        py::arg("device") = -1);
+  m.def("_empty_cache", []() { DeviceAllocator().emptyCache(); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_daemon_info", []() {
+    flagos::v1::NegotiateResponse info;
+    {
+      py::gil_scoped_release release;
+      info = Session().info();
+    }
+    py::dict out;
+    out["version"] = info.version();
+    out["daemon_version"] = info.daemon_version();
+    out["backend"] = info.backend();
+    out["torch_version"] = info.torch_version();
+    py::list devices;
+    for (const auto& d : info.devices()) devices.append(DeviceDict(d));
+    out["devices"] = devices;
+    return out;
+  });
+  m.def("_daemon_stats", [](const std::string& endpoint) {
+    flagos::v1::GetStatsResponse stats;
+    {
+      py::gil_scoped_release release;
+      stats = DaemonStats(endpoint);
+    }
+    return StatsDict(stats);
+  }, py::arg("endpoint") = "");
+  m.def("_manual_seed_all", [](uint64_t seed) { ManualSeedAll(seed); });
+  m.def("_default_generator", [](int device) {
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(DefaultGenerator(device)));
+  });
+  m.def("_test_bad_command", &TestBadCommand, py::call_guard<py::gil_scoped_release>());
+  m.def("_test_read_device", &TestReadDevice);
+}

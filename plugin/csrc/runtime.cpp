@@ -1,0 +1,145 @@
+#include "runtime.h"
+
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "absl/time/time.h"
+
+namespace torch_fl {
+namespace {
+
+// How long the first connection may take before the user gets an error.
+constexpr absl::Duration kConnectTimeout = absl::Milliseconds(1800);
+
+struct RuntimeState {
+  std::mutex mu;
+  EndpointResolver resolver;
+  std::string endpoint;
+  std::unique_ptr<flagos::client::Connection> connection;
+  bool closed = false;
+  // op "name.overload" → id; ids are minted here, starting at 1.
+  std::unordered_map<std::string, uint32_t> op_ids;
+  uint32_t next_op_id = 1;
+};
+
+RuntimeState& State() {
+  static auto* state = new RuntimeState();  // never destroyed: used at exit
+  return *state;
+}
+
+thread_local int current_device = 0;
+
+}  // namespace
+
+void SetEndpointResolver(EndpointResolver resolver) {
+  std::lock_guard<std::mutex> lock(State().mu);
+  State().resolver = std::move(resolver);
+}
+
+flagos::client::Connection& Session() {
+  RuntimeState& s = State();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.connection) return *s.connection;
+  TORCH_CHECK(!s.closed, "flagos: the session with flagosd was closed at interpreter exit");
+  if (s.endpoint.empty()) {
+    TORCH_CHECK(s.resolver, "flagos: import torch_fl before using the flagos device");
+    s.endpoint = s.resolver();
+  }
+  auto connection = flagos::client::Connection::Open(s.endpoint, kConnectTimeout, "torch_fl");
+  if (!connection.ok()) {
+    std::string endpoint = s.endpoint;
+    s.endpoint.clear();  // resolve again next time (a private daemon may be restarted)
+    TORCH_CHECK(false, std::string(connection.status().message()));
+  }
+  s.connection = *std::move(connection);
+  s.op_ids.clear();
+  s.next_op_id = 1;
+  return *s.connection;
+}
+
+bool SessionOpen() {
+  std::lock_guard<std::mutex> lock(State().mu);
+  return State().connection != nullptr && !State().connection->closed();
+}
+
+void CloseSession() {
+  std::unique_ptr<flagos::client::Connection> connection;
+  {
+    std::lock_guard<std::mutex> lock(State().mu);
+    State().closed = true;
+    connection = std::move(State().connection);
+  }
+  if (connection) connection->Close();
+  // The connection object is leaked on purpose only if Close hangs; it does
+  // not: Close is bounded.
+}
+
+int DeviceCountNoThrow() {
+  try {
+    return DeviceCount();
+  } catch (...) {
+    return 0;
+  }
+}
+
+int DeviceCount() { return Session().info().devices_size(); }
+
+int CurrentDevice() { return current_device; }
+
+void SetCurrentDevice(int device) {
+  if (device == current_device) return;
+  int count = DeviceCount();
+  TORCH_CHECK(device >= 0 && device < count, "flagos: invalid device index ", device,
+              ": the daemon serves ", count, " device(s) (flagos:0 .. flagos:", count - 1, ")");
+  current_device = device;
+}
+
+uint32_t OpId(const std::string& name, const std::string& overload) {
+  flagos::client::Connection& connection = Session();
+  std::string key = overload.empty() ? name : name + "." + overload;
+  RuntimeState& s = State();
+  uint32_t id;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.op_ids.find(key);
+    if (it != s.op_ids.end()) return it->second;
+    id = s.next_op_id++;
+    s.op_ids.emplace(key, id);
+    // Enqueue under the lock so that registration precedes any use of the id.
+    flagos::v1::Command command;
+    command.set_device(0);
+    auto* reg = command.mutable_register_op();
+    reg->set_op_id(id);
+    reg->set_name(name);
+    reg->set_overload(overload);
+    connection.Enqueue(std::move(command), "register " + key);
+  }
+  return id;
+}
+
+void ThrowIfError(const absl::Status& status) {
+  if (status.ok()) return;
+  std::string message(status.message());
+  if (status.code() == absl::StatusCode::kResourceExhausted) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  }
+  if (status.code() == absl::StatusCode::kUnimplemented) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+  }
+  TORCH_CHECK(false, message);
+}
+
+uint64_t Enqueue(flagos::v1::Command command, std::string describe) {
+  return Session().Enqueue(std::move(command), std::move(describe));
+}
+
+flagos::v1::Completion Call(flagos::v1::Command command, std::string describe) {
+  return ValueOrThrow(Session().Call(std::move(command), std::move(describe)));
+}
+
+void Synchronize(int device) { ThrowIfError(Session().Synchronize(device)); }
+
+}  // namespace torch_fl

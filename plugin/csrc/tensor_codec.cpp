@@ -1,0 +1,166 @@
+#include "tensor_codec.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+#include "copy.h"
+
+namespace torch_fl {
+namespace {
+
+void EncodeHostTensor(const at::Tensor& t, flagos::v1::HostTensor* out) {
+  at::Tensor c = t.contiguous();
+  for (int64_t s : c.sizes()) out->add_sizes(s);
+  out->set_dtype(static_cast<int32_t>(c.scalar_type()));
+  out->set_data(static_cast<const char*>(c.const_data_ptr()), c.nbytes());
+}
+
+void EncodeTensor(const at::Tensor& t, flagos::v1::Value* out) {
+  if (!t.defined()) {
+    out->mutable_tensor()->set_undefined(true);
+    return;
+  }
+  switch (t.device().type()) {
+    case c10::DeviceType::PrivateUse1:
+      EncodeTensorRef(t, out->mutable_tensor());
+      return;
+    case c10::DeviceType::CPU:
+      EncodeHostTensor(t, out->mutable_host_tensor());
+      return;
+    default:
+      TORCH_CHECK(false, "flagos: cannot pass a tensor on ", t.device(),
+                  " to an operator running on flagos; move it with .to(\"flagos\") first");
+  }
+}
+
+}  // namespace
+
+uint64_t StorageAddr(const at::Tensor& t) {
+  if (!t.has_storage()) return 0;
+  return reinterpret_cast<uint64_t>(t.storage().data_ptr().get());
+}
+
+uint64_t ElementAddr(const at::Tensor& t) {
+  return StorageAddr(t) + static_cast<uint64_t>(t.storage_offset()) * t.element_size();
+}
+
+void EncodeTensorRef(const at::Tensor& t, flagos::v1::TensorRef* ref) {
+  if (!t.defined()) {
+    ref->set_undefined(true);
+    return;
+  }
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
+              "flagos: internal: expected a flagos tensor, got one on ", t.device());
+  ref->set_addr(StorageAddr(t));
+  ref->set_storage_offset(t.storage_offset());
+  ref->mutable_sizes()->Add(t.sizes().begin(), t.sizes().end());
+  ref->mutable_strides()->Add(t.strides().begin(), t.strides().end());
+  ref->set_dtype(static_cast<int32_t>(t.scalar_type()));
+  ref->set_device(t.device().index());
+}
+
+void EncodeValue(const c10::IValue& v, flagos::v1::Value* out) {
+  if (v.isNone()) {
+    out->set_none(true);
+  } else if (v.isTensor()) {
+    EncodeTensor(v.toTensor(), out);
+  } else if (v.isBool()) {
+    out->set_b(v.toBool());
+  } else if (v.isInt()) {
+    out->set_i(v.toInt());
+  } else if (v.isSymInt()) {
+    out->set_i(v.toSymInt().guard_int(__FILE__, __LINE__));
+  } else if (v.isDouble()) {
+    out->set_d(v.toDouble());
+  } else if (v.isSymFloat()) {
+    out->set_d(v.toSymFloat().guard_float(__FILE__, __LINE__));
+  } else if (v.isComplexDouble()) {
+    auto c = v.toComplexDouble();
+    out->mutable_c()->set_re(c.real());
+    out->mutable_c()->set_im(c.imag());
+  } else if (v.isString()) {
+    out->set_s(v.toStringRef());
+  } else if (v.isDevice()) {
+    c10::Device d = v.toDevice();
+    out->mutable_device()->set_type(c10::DeviceTypeName(d.type(), /*lower_case=*/true));
+    out->mutable_device()->set_index(d.index());
+  } else if (v.isIntList()) {
+    auto* ints = out->mutable_ints();  // set even when empty
+    for (int64_t i : v.toIntVector()) ints->add_values(i);
+  } else if (v.isDoubleList()) {
+    auto* doubles = out->mutable_doubles();
+    for (double d : v.toDoubleVector()) doubles->add_values(d);
+  } else if (v.isBoolList()) {
+    auto* bools = out->mutable_bools();
+    for (bool b : v.toBoolList()) bools->add_values(b);
+  } else if (v.isList()) {
+    auto* list = out->mutable_list();
+    for (const c10::IValue& e : v.toListRef()) EncodeValue(e, list->add_values());
+  } else if (v.isGenerator()) {
+    // Generators of flagos devices arrive with the RNG work; until then the
+    // daemon draws from its own generator (docs/usage.md).
+    out->set_none(true);
+  } else {
+    TORCH_CHECK(false, "flagos: cannot send an argument of type ", v.tagKind(),
+                " to the daemon");
+  }
+}
+
+c10::IValue DecodeResult(const flagos::v1::Value& v, int device) {
+  using V = flagos::v1::Value;
+  switch (v.v_case()) {
+    case V::kNone:
+    case V::V_NOT_SET:
+      return c10::IValue();
+    case V::kI:
+      return c10::IValue(v.i());
+    case V::kD:
+      return c10::IValue(v.d());
+    case V::kB:
+      return c10::IValue(v.b());
+    case V::kC:
+      return c10::IValue(c10::complex<double>(v.c().re(), v.c().im()));
+    case V::kS:
+      return c10::IValue(v.s());
+    case V::kInts:
+      return c10::IValue(std::vector<int64_t>(v.ints().values().begin(), v.ints().values().end()));
+    case V::kDoubles:
+      return c10::IValue(std::vector<double>(v.doubles().values().begin(), v.doubles().values().end()));
+    case V::kBools: {
+      c10::List<bool> list;
+      for (bool b : v.bools().values()) list.push_back(b);
+      return c10::IValue(list);
+    }
+    case V::kHostTensor: {
+      const auto& h = v.host_tensor();
+      auto dtype = static_cast<c10::ScalarType>(h.dtype());
+      std::vector<int64_t> sizes(h.sizes().begin(), h.sizes().end());
+      at::Tensor cpu = at::empty(sizes, at::TensorOptions().dtype(dtype));
+      TORCH_CHECK(static_cast<size_t>(cpu.nbytes()) == h.data().size(),
+                  "flagos: the daemon returned a malformed tensor (", h.data().size(),
+                  " bytes for ", cpu.nbytes(), ")");
+      if (cpu.nbytes() > 0) std::memcpy(cpu.data_ptr(), h.data().data(), cpu.nbytes());
+      return c10::IValue(cpu.to(at::Device(c10::DeviceType::PrivateUse1,
+                                           static_cast<c10::DeviceIndex>(device))));
+    }
+    case V::kList: {
+      bool all_tensors = v.list().values_size() > 0;
+      for (const auto& e : v.list().values()) all_tensors &= e.v_case() == V::kHostTensor;
+      if (all_tensors) {
+        c10::List<at::Tensor> list;
+        for (const auto& e : v.list().values()) list.push_back(DecodeResult(e, device).toTensor());
+        return c10::IValue(list);
+      }
+      c10::impl::GenericList list(c10::AnyType::get());
+      for (const auto& e : v.list().values()) list.push_back(DecodeResult(e, device));
+      return c10::IValue(list);
+    }
+    default:
+      TORCH_CHECK(false, "flagos: the daemon returned a value of unexpected kind ",
+                  static_cast<int>(v.v_case()));
+  }
+}
+
+}  // namespace torch_fl

@@ -1,0 +1,27 @@
+// Encoding of boxed operator arguments (c10::IValue) into protocol Values,
+// and back for results of the synchronous path.
+//
+// A flagos tensor travels as a TensorRef (its storage's device address,
+// offset, sizes, strides, dtype, device); a CPU tensor travels by value as a
+// HostTensor (e.g. a 0-dim scalar tensor mixed with flagos tensors).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include "flagos/v1/flagos.pb.h"
+
+namespace torch_fl {
+
+// The device address of element 0 of `t`'s storage (0 for empty storage).
+uint64_t StorageAddr(const at::Tensor& t);
+// The device address of `t`'s first element.
+uint64_t ElementAddr(const at::Tensor& t);
+
+void EncodeTensorRef(const at::Tensor& t, flagos::v1::TensorRef* ref);
+// Throws c10::Error for argument kinds the protocol cannot carry.
+void EncodeValue(const c10::IValue& value, flagos::v1::Value* out);
+// A result of the synchronous path; host tensors are uploaded to `device`.
+c10::IValue DecodeResult(const flagos::v1::Value& value, int device);
+
+}  // namespace torch_fl

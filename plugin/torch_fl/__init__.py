@@ -1,0 +1,61 @@
+"""torch_fl: PyTorch's PrivateUse1 device as ``"flagos"``, served by flagosd.
+
+``import torch_fl`` registers the device; the first use of a flagos tensor
+connects to the daemon named by ``FLAGOS_ENDPOINT`` (see
+:func:`torch_fl.endpoint`). Every operator then runs in the daemon.
+"""
+from __future__ import annotations
+
+import atexit
+
+import torch
+
+from . import _endpoint
+from . import _C  # registers kernels, allocator, guard and hooks
+from . import device as _device_module
+
+__all__ = ["endpoint", "daemon_stats", "daemon_info"]
+
+__version__ = "0.1.0"
+
+torch.utils.rename_privateuse1_backend("flagos")
+torch._register_device_module("flagos", _device_module)
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+)
+
+_C._set_endpoint_resolver(_endpoint.resolve)
+
+
+def endpoint() -> str:
+    """The daemon endpoint this process uses, connecting if needed."""
+    return _C._endpoint()
+
+
+def daemon_info() -> dict:
+    """What the daemon reported at connection: versions, backend, devices."""
+    return _C._daemon_info()
+
+
+def daemon_stats(endpoint: str | None = None) -> dict:
+    """Devices, memory and sessions of a daemon.
+
+    With no argument, asks this process's daemon (connecting if needed);
+    otherwise the daemon at ``endpoint``, without opening a session.
+    """
+    return _C._daemon_stats(endpoint or "")
+
+
+def _shutdown() -> None:
+    # Ends the session before the interpreter tears down; tensors freed later
+    # are dropped locally (the daemon frees the session's memory).
+    if _C._session_open():
+        try:
+            _C._synchronize(-1)
+        except RuntimeError:
+            pass
+    _C._close_session()
+    _endpoint.stop_private_daemon()
+
+
+atexit.register(_shutdown)

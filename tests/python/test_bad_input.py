@@ -1,0 +1,92 @@
+"""Bad input is an error for the caller, never the end of the daemon."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import torch_fl  # noqa: F401  (registers "flagos")
+
+MiB = 1 << 20
+
+# Each deliberately bad command and words its error must contain (any of).
+BAD_COMMANDS = {
+    "address_outside_segments": ("segment", "address"),
+    "unknown_op_id": ("op",),
+    "malformed_tensor_ref": ("tensor", "stride", "size", "rank"),
+}
+
+
+def assert_daemon_still_serves() -> None:
+    a = torch.arange(12.0).view(3, 4)
+    result = (a.to("flagos") * 2 + 1).sum(dim=0)
+    torch.testing.assert_close(result.cpu(), (a * 2 + 1).sum(dim=0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_COMMANDS))
+def test_bad_command_raises_an_informative_runtime_error(kind: str) -> None:
+    torch.ones(1, device="flagos")  # a live session
+    with pytest.raises(RuntimeError) as info:
+        torch_fl._C._test_bad_command(kind)
+    message = str(info.value).lower()
+    assert any(word in message for word in BAD_COMMANDS[kind]), message
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_COMMANDS))
+def test_daemon_keeps_serving_after_a_bad_command(kind: str) -> None:
+    torch.ones(1, device="flagos")
+    with pytest.raises(RuntimeError):
+        torch_fl._C._test_bad_command(kind)
+    assert_daemon_still_serves()
+
+
+def test_unknown_bad_command_kind_is_rejected_by_the_hook() -> None:
+    with pytest.raises((RuntimeError, ValueError)):
+        torch_fl._C._test_bad_command("no_such_kind")
+
+
+def test_shape_mismatch_raises_at_the_call_site() -> None:
+    a = torch.ones(3, device="flagos")
+    b = torch.ones(4, device="flagos")
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.add(a, b)
+    assert_daemon_still_serves()
+
+
+def test_matmul_shape_error_raises_at_the_call_site() -> None:
+    a = torch.ones(2, 3, device="flagos")
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        a @ a
+    assert_daemon_still_serves()
+
+
+OOM_PROGRAM = f"""
+import json, torch, torch_fl
+report = {{}}
+try:
+    torch.empty({256 * MiB}, dtype=torch.uint8, device="flagos")
+except torch.OutOfMemoryError as e:
+    report["error"] = "OutOfMemoryError"
+    report["message"] = str(e)
+except Exception as e:
+    report["error"] = type(e).__name__
+    report["message"] = str(e)
+else:
+    report["error"] = None
+x = torch.arange(1000.0, device="flagos")
+report["after"] = (x * 2).sum().item()
+print(json.dumps(report))
+"""
+
+
+def test_allocation_beyond_device_memory_raises_out_of_memory_and_the_process_continues(
+    start_daemon, run_python
+) -> None:
+    small = start_daemon(device_memory="64MiB")
+    proc = run_python(OOM_PROGRAM, env={"FLAGOS_ENDPOINT": small.endpoint}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["error"] == "OutOfMemoryError", report
+    assert report["after"] == 2 * sum(range(1000))

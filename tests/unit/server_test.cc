@@ -1,0 +1,784 @@
+// flagosd end to end in-process: a Server on a unix socket in a temporary
+// directory, driven through the generated stub with raw Session streams.
+#include "server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "backend.h"
+#include "flagos/v1/flagos.grpc.pb.h"
+
+namespace flagos::daemon {
+namespace {
+
+constexpr int kFloat = 6;
+constexpr int kLong = 4;
+constexpr uint64_t kDeviceMemory = 64ull << 20;
+constexpr int kInvalidArgument = static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT);
+constexpr int kNotFound = static_cast<int>(grpc::StatusCode::NOT_FOUND);
+constexpr int kResourceExhausted = static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+std::string FloatBytes(std::initializer_list<float> values) {
+  std::string bytes(values.size() * sizeof(float), '\0');
+  std::memcpy(bytes.data(), values.begin(), bytes.size());
+  return bytes;
+}
+
+std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> values(bytes.size() / sizeof(float));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+  return values;
+}
+
+v1::TensorRef Ref(uint64_t addr, std::initializer_list<int64_t> sizes, int dtype = kFloat,
+                  int device = 0) {
+  v1::TensorRef ref;
+  ref.set_addr(addr);
+  ref.set_dtype(dtype);
+  ref.set_device(device);
+  int64_t stride = 1;
+  std::vector<int64_t> strides(sizes.size());
+  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= sizes.begin()[i];
+  }
+  for (int64_t s : sizes) ref.add_sizes(s);
+  for (int64_t s : strides) ref.add_strides(s);
+  return ref;
+}
+
+v1::Value TensorValue(const v1::TensorRef& ref) {
+  v1::Value value;
+  *value.mutable_tensor() = ref;
+  return value;
+}
+
+v1::Value IntValue(int64_t i) {
+  v1::Value value;
+  value.set_i(i);
+  return value;
+}
+
+v1::Value DoubleValue(double d) {
+  v1::Value value;
+  value.set_d(d);
+  return value;
+}
+
+v1::Value NoneValue() {
+  v1::Value value;
+  value.set_none(true);
+  return value;
+}
+
+v1::Command Allocate(uint64_t nbytes, int device = 0) {
+  v1::Command command;
+  command.set_device(device);
+  command.mutable_allocate()->set_nbytes(nbytes);
+  return command;
+}
+
+v1::Command Free(uint64_t addr, int device = 0) {
+  v1::Command command;
+  command.set_device(device);
+  command.mutable_free()->set_addr(addr);
+  return command;
+}
+
+v1::Command CopyTo(uint64_t addr, std::string data, int device = 0, uint64_t stream = 0) {
+  v1::Command command;
+  command.set_device(device);
+  command.set_stream(stream);
+  command.mutable_copy_to_device()->set_addr(addr);
+  command.mutable_copy_to_device()->set_data(std::move(data));
+  return command;
+}
+
+v1::Command CopyFrom(uint64_t addr, uint64_t nbytes, int device = 0, uint64_t stream = 0) {
+  v1::Command command;
+  command.set_device(device);
+  command.set_stream(stream);
+  command.mutable_copy_from_device()->set_addr(addr);
+  command.mutable_copy_from_device()->set_nbytes(nbytes);
+  return command;
+}
+
+v1::Command RegisterOp(uint32_t op_id, const std::string& name, const std::string& overload) {
+  v1::Command command;
+  command.mutable_register_op()->set_op_id(op_id);
+  command.mutable_register_op()->set_name(name);
+  command.mutable_register_op()->set_overload(overload);
+  return command;
+}
+
+v1::Command Op(uint32_t op_id, std::vector<v1::Value> args, std::vector<v1::TensorRef> outputs,
+               bool want_values = false) {
+  v1::Command command;
+  v1::OpCall* call = command.mutable_op();
+  call->set_op_id(op_id);
+  for (v1::Value& arg : args) *call->add_args() = std::move(arg);
+  for (v1::TensorRef& out : outputs) *call->add_outputs() = std::move(out);
+  call->set_want_values(want_values);
+  return command;
+}
+
+v1::Command Sync(int device = -1) {
+  v1::Command command;
+  command.set_device(device);
+  command.mutable_sync();
+  return command;
+}
+
+// A raw Session stream.
+class RawSession {
+ public:
+  explicit RawSession(v1::Flagos::Stub* stub) {
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    stream_ = stub->Session(&context_);
+  }
+
+  uint64_t Open() {
+    v1::ClientMessage message;
+    message.mutable_open()->set_version(1);
+    message.mutable_open()->set_pid(getpid());
+    message.mutable_open()->set_client("server_test");
+    EXPECT_TRUE(stream_->Write(message));
+    v1::ServerMessage reply;
+    EXPECT_TRUE(stream_->Read(&reply));
+    EXPECT_TRUE(reply.has_opened());
+    return reply.opened().session_id();
+  }
+
+  // Sends the commands as one batch, numbering them; returns the last seq.
+  uint64_t Send(std::vector<v1::Command> commands) {
+    v1::ClientMessage message;
+    for (v1::Command& command : commands) {
+      command.set_seq(++seq_);
+      *message.mutable_batch()->add_commands() = std::move(command);
+    }
+    EXPECT_TRUE(stream_->Write(message));
+    return seq_;
+  }
+
+  // Reads until the completion of `seq`; earlier ones land in errors().
+  v1::Completion WaitFor(uint64_t seq) {
+    while (true) {
+      v1::ServerMessage reply;
+      if (!stream_->Read(&reply)) {
+        ADD_FAILURE() << "the session ended while waiting for command " << seq;
+        return v1::Completion();
+      }
+      for (const v1::Completion& completion : reply.completions()) {
+        if (completion.seq() == seq) return completion;
+        others_.push_back(completion);
+      }
+    }
+  }
+
+  v1::Completion Call(v1::Command command) { return WaitFor(Send({std::move(command)})); }
+
+  // Sends `commands` and a sync; returns the completions before the sync's.
+  std::vector<v1::Completion> RunAndSync(std::vector<v1::Command> commands) {
+    commands.push_back(Sync());
+    const uint64_t seq = Send(std::move(commands));
+    others_.clear();
+    v1::Completion sync = WaitFor(seq);
+    EXPECT_EQ(sync.code(), 0) << sync.message();
+    std::vector<v1::Completion> others;
+    others.swap(others_);
+    return others;
+  }
+
+  uint64_t AllocateOk(uint64_t nbytes, int device = 0) {
+    v1::Completion completion = Call(Allocate(nbytes, device));
+    EXPECT_EQ(completion.code(), 0) << completion.message();
+    EXPECT_NE(completion.addr(), 0u);
+    return completion.addr();
+  }
+
+  grpc::Status End() {
+    stream_->WritesDone();
+    v1::ServerMessage reply;
+    while (stream_->Read(&reply)) {
+    }
+    return stream_->Finish();
+  }
+
+  grpc::ClientContext& context() { return context_; }
+  grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>& stream() { return *stream_; }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
+  uint64_t seq_ = 0;
+  std::vector<v1::Completion> others_;
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/flagosd_server_test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    endpoint_ = absl::StrCat("unix://", dir_, "/flagosd.sock");
+
+    BackendOptions backend_options;
+    backend_options.name = "cpu";
+    backend_options.cpu_devices = 2;
+    backend_options.device_memory = kDeviceMemory;
+    absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(backend_options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
+
+    ServerOptions server_options;
+    server_options.listen = {endpoint_};
+    server_options.max_sessions = 4;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend_.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    channel_ = grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::Flagos::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    stub_.reset();
+    channel_.reset();
+    server_.reset();
+    backend_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  v1::GetStatsResponse Stats() {
+    grpc::ClientContext context;
+    v1::GetStatsResponse response;
+    grpc::Status status = stub_->GetStats(&context, v1::GetStatsRequest(), &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+
+  // Polls GetStats until no session is live (the daemon closes sessions
+  // asynchronously to the client's Finish).
+  v1::GetStatsResponse StatsAfterSessionsEnd() {
+    v1::GetStatsResponse stats;
+    for (int i = 0; i < 500; ++i) {
+      stats = Stats();
+      if (stats.sessions_size() == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return stats;
+  }
+
+  std::string dir_;
+  std::string endpoint_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Flagos::Stub> stub_;
+};
+
+TEST_F(ServerTest, NegotiateDescribesTheDaemon) {
+  grpc::ClientContext context;
+  v1::NegotiateRequest request;
+  request.set_min_version(1);
+  request.set_max_version(3);
+  v1::NegotiateResponse response;
+  grpc::Status status = stub_->Negotiate(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.version(), 1u);
+  EXPECT_EQ(response.daemon_version(), "0.1.0");
+  EXPECT_EQ(response.backend(), "cpu");
+  EXPECT_EQ(response.torch_version(), TorchVersion());
+  ASSERT_EQ(response.devices_size(), 2);
+  const v1::DeviceInfo& device = response.devices(1);
+  EXPECT_EQ(device.index(), 1);
+  EXPECT_EQ(device.total_memory(), kDeviceMemory);
+  EXPECT_EQ(device.used_memory(), 0u);
+  EXPECT_NE(std::find(device.capabilities().begin(), device.capabilities().end(), "malloc"),
+            device.capabilities().end());
+  bool set_device_gap = false;
+  for (const std::string& gap : device.gaps()) {
+    set_device_gap |= absl::StartsWith(gap, "set_device: ");
+  }
+  EXPECT_TRUE(set_device_gap);
+}
+
+TEST_F(ServerTest, NegotiateWithoutCommonVersionNamesBothRanges) {
+  grpc::ClientContext context;
+  v1::NegotiateRequest request;
+  request.set_min_version(2);
+  request.set_max_version(3);
+  v1::NegotiateResponse response;
+  grpc::Status status = stub_->Negotiate(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "[2, 3]")) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "[1, 1]")) << status.error_message();
+}
+
+TEST_F(ServerTest, SessionMustStartWithOpen) {
+  RawSession session(stub_.get());
+  session.Send({Sync()});
+  EXPECT_EQ(session.End().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServerTest, SessionWithAnUnknownVersionIsRefused) {
+  RawSession session(stub_.get());
+  v1::ClientMessage message;
+  message.mutable_open()->set_version(7);
+  ASSERT_TRUE(session.stream().Write(message));
+  EXPECT_EQ(session.End().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(ServerTest, CopiesRoundTripThroughDeviceMemory) {
+  RawSession session(stub_.get());
+  EXPECT_GT(session.Open(), 0u);
+  const uint64_t addr = session.AllocateOk(1024);
+  session.Send({CopyTo(addr + 16, FloatBytes({1.5f, -2, 3, 4}))});
+  v1::Completion data = session.Call(CopyFrom(addr + 16, 16));
+  ASSERT_EQ(data.code(), 0) << data.message();
+  EXPECT_EQ(Floats(data.data()), (std::vector<float>{1.5f, -2, 3, 4}));
+  EXPECT_TRUE(session.End().ok());
+}
+
+TEST_F(ServerTest, MemsetAndDeviceToDeviceCopyAcrossDevices) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t a = session.AllocateOk(64, 0);
+  const uint64_t b = session.AllocateOk(64, 1);
+  v1::Command memset;
+  memset.set_device(0);
+  memset.mutable_memset()->set_addr(a);
+  memset.mutable_memset()->set_nbytes(64);
+  memset.mutable_memset()->set_value(0x7f);
+  v1::Command copy;
+  copy.set_device(1);
+  copy.mutable_copy_device_to_device()->set_src(a);
+  copy.mutable_copy_device_to_device()->set_src_device(0);
+  copy.mutable_copy_device_to_device()->set_dst(b);
+  copy.mutable_copy_device_to_device()->set_nbytes(64);
+  EXPECT_TRUE(session.RunAndSync({memset, copy}).empty());
+  v1::Completion data = session.Call(CopyFrom(b, 64, 1));
+  EXPECT_EQ(data.data(), std::string(64, '\x7f'));
+}
+
+TEST_F(ServerTest, OpWritesItsResultIntoTheOutputTensor) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(48);
+  const v1::TensorRef a = Ref(addr, {2, 2});
+  const v1::TensorRef b = Ref(addr + 16, {2, 2});
+  const v1::TensorRef out = Ref(addr + 32, {2, 2});
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      CopyTo(addr, FloatBytes({1, 2, 3, 4, 10, 20, 30, 40})),
+      RegisterOp(1, "aten::add", "Tensor"),
+      Op(1, {TensorValue(a), TensorValue(b), IntValue(2)}, {out}),
+  });
+  for (const v1::Completion& e : errors) ADD_FAILURE() << e.seq() << ": " << e.message();
+  v1::Completion data = session.Call(CopyFrom(addr + 32, 16));
+  EXPECT_EQ(Floats(data.data()), (std::vector<float>{21, 42, 63, 84}));
+}
+
+TEST_F(ServerTest, InPlaceOpWritesThroughItsArgument) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(16);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      CopyTo(addr, FloatBytes({1, 2, 3, 4})),
+      RegisterOp(5, "aten::mul_", "Scalar"),
+      Op(5, {TensorValue(Ref(addr, {4})), DoubleValue(0.5)}, {}),
+  });
+  EXPECT_TRUE(errors.empty()) << errors[0].message();
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr, 16)).data()),
+            (std::vector<float>{0.5f, 1, 1.5f, 2}));
+}
+
+TEST_F(ServerTest, OpWithWantValuesReturnsScalarsAndHostTensors) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(16);
+  session.Send({CopyTo(addr, FloatBytes({0, 7, 0, 9})), RegisterOp(1, "aten::nonzero", ""),
+                RegisterOp(2, "aten::_local_scalar_dense", "")});
+  v1::Completion nonzero = session.Call(Op(1, {TensorValue(Ref(addr, {4}))}, {}, true));
+  ASSERT_EQ(nonzero.code(), 0) << nonzero.message();
+  ASSERT_EQ(nonzero.values_size(), 1);
+  const v1::HostTensor& indices = nonzero.values(0).host_tensor();
+  EXPECT_EQ(std::vector<int64_t>(indices.sizes().begin(), indices.sizes().end()),
+            (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(indices.dtype(), kLong);
+  std::vector<int64_t> index_values(2);
+  ASSERT_EQ(indices.data().size(), 16u);
+  std::memcpy(index_values.data(), indices.data().data(), 16);
+  EXPECT_EQ(index_values, (std::vector<int64_t>{1, 3}));
+
+  v1::Completion item = session.Call(Op(2, {TensorValue(Ref(addr + 4, {}))}, {}, true));
+  ASSERT_EQ(item.code(), 0) << item.message();
+  ASSERT_EQ(item.values_size(), 1);
+  EXPECT_EQ(item.values(0).d(), 7.0);
+}
+
+TEST_F(ServerTest, WantValuesCarriesOneValuePerReturn) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  const v1::TensorRef matrix = Ref(addr, {2, 3});
+  const v1::TensorRef values = Ref(addr + 32, {2});
+  v1::TensorRef indices = Ref(addr + 48, {2}, kLong);
+  session.Send({CopyTo(addr, FloatBytes({1, 9, 2, 8, 3, 7})), RegisterOp(1, "aten::max", "dim"),
+                RegisterOp(2, "aten::add_", "Tensor")});
+  // Tensor returns copied into outputs come back as none.
+  v1::Completion max = session.Call(
+      Op(1, {TensorValue(matrix), IntValue(1), [] { v1::Value v; v.set_b(false); return v; }()},
+         {values, indices}, /*want_values=*/true));
+  ASSERT_EQ(max.code(), 0) << max.message();
+  ASSERT_EQ(max.values_size(), 2);
+  EXPECT_TRUE(max.values(0).has_none());
+  EXPECT_TRUE(max.values(1).has_none());
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 32, 8)).data()), (std::vector<float>{9, 8}));
+  std::string index_bytes = session.Call(CopyFrom(addr + 48, 16)).data();
+  std::vector<int64_t> index_values(2);
+  std::memcpy(index_values.data(), index_bytes.data(), 16);
+  EXPECT_EQ(index_values, (std::vector<int64_t>{1, 0}));
+  // A return written in place comes back as none.
+  v1::Completion add = session.Call(
+      Op(2, {TensorValue(values), TensorValue(values), IntValue(1)}, {}, /*want_values=*/true));
+  ASSERT_EQ(add.code(), 0) << add.message();
+  ASSERT_EQ(add.values_size(), 1);
+  EXPECT_TRUE(add.values(0).has_none());
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 32, 8)).data()), (std::vector<float>{18, 16}));
+}
+
+TEST_F(ServerTest, ListArgumentsAndDefaultsFollowTheSchema) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(256);
+  const v1::TensorRef a = Ref(addr, {2});
+  const v1::TensorRef b = Ref(addr + 8, {2});
+  const v1::TensorRef index = Ref(addr + 16, {2}, kLong);
+  const v1::TensorRef cat_out = Ref(addr + 64, {4});
+  const v1::TensorRef index_out = Ref(addr + 96, {2});
+  const v1::TensorRef sum_out = Ref(addr + 128, {});
+  std::string index_bytes(16, '\0');
+  const int64_t picks[2] = {1, 0};
+  std::memcpy(index_bytes.data(), picks, 16);
+  v1::Value tensors;
+  *tensors.mutable_list()->add_values() = TensorValue(a);
+  *tensors.mutable_list()->add_values() = TensorValue(b);
+  v1::Value optional_tensors;
+  *optional_tensors.mutable_list()->add_values() = TensorValue(index);
+  v1::Value dims;
+  dims.mutable_ints()->add_values(0);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      CopyTo(addr, FloatBytes({1, 2, 3, 4})),
+      CopyTo(addr + 16, index_bytes),
+      RegisterOp(1, "aten::cat", ""),
+      RegisterOp(2, "aten::index", "Tensor"),
+      RegisterOp(3, "aten::sum", "dim_IntList"),
+      Op(1, {tensors, IntValue(0)}, {cat_out}),              // Tensor[]
+      Op(2, {TensorValue(a), optional_tensors}, {index_out}),  // Tensor?[]
+      Op(3, {TensorValue(cat_out), dims}, {sum_out}),          // int[1]?, defaults after
+  });
+  for (const v1::Completion& e : errors) ADD_FAILURE() << e.seq() << ": " << e.message();
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 64, 16)).data()),
+            (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 96, 8)).data()), (std::vector<float>{2, 1}));
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 128, 4)).data()), (std::vector<float>{10}));
+}
+
+TEST_F(ServerTest, OutVariantMayUseItsOutTensorAsScratch) {
+  // aten::mse_loss.out resizes `out` to the input's shape internally before
+  // reducing into it; the segment behind `out` cannot grow.
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  const v1::TensorRef input = Ref(addr, {2, 2});
+  const v1::TensorRef target = Ref(addr + 16, {2, 2});
+  const v1::TensorRef out = Ref(addr + 32, {});
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      CopyTo(addr, FloatBytes({1, 2, 3, 4, 1, 1, 1, 1})),
+      RegisterOp(1, "aten::mse_loss", "out"),
+      Op(1, {TensorValue(input), TensorValue(target), IntValue(1), TensorValue(out)}, {}),
+  });
+  for (const v1::Completion& e : errors) ADD_FAILURE() << e.seq() << ": " << e.message();
+  // mean of (0, 1, 4, 9)
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 32, 4)).data()), (std::vector<float>{3.5f}));
+  // Nothing beyond `out` was touched.
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 36, 4)).data()), (std::vector<float>{0}));
+}
+
+TEST_F(ServerTest, OutputWithWrongSizesIsAnError) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      RegisterOp(1, "aten::neg", ""),
+      Op(1, {TensorValue(Ref(addr, {4}))}, {Ref(addr + 16, {2})}),
+  });
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(errors[0].message(), "aten::neg")) << errors[0].message();
+  EXPECT_TRUE(absl::StrContains(errors[0].message(), "[2]")) << errors[0].message();
+  EXPECT_TRUE(absl::StrContains(errors[0].message(), "[4]")) << errors[0].message();
+}
+
+TEST_F(ServerTest, KernelErrorsNameTheOpWithoutABacktrace) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      RegisterOp(1, "aten::mm", ""),
+      Op(1, {TensorValue(Ref(addr, {2, 3})), TensorValue(Ref(addr, {2, 3}))}, {Ref(addr, {2, 3})}),
+  });
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(errors[0].message(), "aten::mm: ")) << errors[0].message();
+  EXPECT_FALSE(absl::StrContains(errors[0].message(), "Exception raised from"));
+}
+
+TEST_F(ServerTest, RandomOpDependsOnlyOnSeedAndOffset) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(3 * 64);
+  const auto uniform = [&](uint64_t dst, uint64_t seed, uint64_t offset) {
+    v1::Value generator;
+    generator.mutable_generator()->set_seed(seed);
+    generator.mutable_generator()->set_offset(offset);
+    return Op(1, {TensorValue(Ref(dst, {16})), DoubleValue(0), DoubleValue(1), generator}, {});
+  };
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      RegisterOp(1, "aten::uniform_", ""),
+      uniform(addr, 42, 0),
+      uniform(addr + 64, 42, 0),
+      uniform(addr + 128, 42, 16),
+  });
+  ASSERT_TRUE(errors.empty()) << errors[0].message();
+  const std::string first = session.Call(CopyFrom(addr, 64)).data();
+  EXPECT_EQ(session.Call(CopyFrom(addr + 64, 64)).data(), first);
+  EXPECT_NE(session.Call(CopyFrom(addr + 128, 64)).data(), first);
+  for (float f : Floats(first)) {
+    EXPECT_GE(f, 0.0f);
+    EXPECT_LT(f, 1.0f);
+  }
+}
+
+TEST_F(ServerTest, AddressOutsideTheSegmentsIsAnErrorAndTheSessionGoesOn) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  std::vector<v1::Completion> errors = session.RunAndSync({CopyTo(addr + 60, std::string(8, 'x'))});
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(errors[0].message(), "outside this session's segments on flagos:0"))
+      << errors[0].message();
+
+  // An op reading beyond the segment fails the same way.
+  errors = session.RunAndSync({RegisterOp(1, "aten::neg", ""),
+                               Op(1, {TensorValue(Ref(addr, {32}))}, {Ref(addr, {32})})});
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), kInvalidArgument);
+
+  // The session still works.
+  session.Send({CopyTo(addr, FloatBytes({5}))});
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr, 4)).data()), (std::vector<float>{5}));
+}
+
+TEST_F(ServerTest, AnotherSessionsMemoryIsOutOfReach) {
+  RawSession owner(stub_.get());
+  owner.Open();
+  const uint64_t addr = owner.AllocateOk(64);
+  RawSession intruder(stub_.get());
+  intruder.Open();
+  v1::Completion read = intruder.Call(CopyFrom(addr, 64));
+  EXPECT_EQ(read.code(), kInvalidArgument);
+  EXPECT_TRUE(read.data().empty());
+}
+
+TEST_F(ServerTest, MalformedCommandsAreErrorCompletions) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  v1::TensorRef rank65 = Ref(addr, {});
+  for (int i = 0; i < 65; ++i) {
+    rank65.add_sizes(1);
+    rank65.add_strides(1);
+  }
+  v1::TensorRef mismatched = Ref(addr, {4});
+  mismatched.add_strides(1);
+  v1::TensorRef negative = Ref(addr, {4});
+  negative.set_sizes(0, -4);
+  v1::TensorRef bad_dtype = Ref(addr, {4}, /*dtype=*/99);
+  v1::TensorRef bad_device = Ref(addr, {4}, kFloat, /*device=*/9);
+  v1::Command no_kind;
+  v1::Command bad_command_device = CopyFrom(addr, 4, /*device=*/5);
+  std::vector<v1::Command> commands = {RegisterOp(1, "aten::neg", "")};
+  for (const v1::TensorRef& ref : {rank65, mismatched, negative, bad_dtype, bad_device}) {
+    commands.push_back(Op(1, {TensorValue(ref)}, {Ref(addr, {4})}));
+  }
+  commands.push_back(Op(1, {IntValue(3)}, {Ref(addr, {4})}));              // wrong kind
+  commands.push_back(Op(1, {TensorValue(Ref(addr, {4})), IntValue(1)}, {}));  // too many args
+  commands.push_back(Op(77, {}, {}));                                       // unknown op id
+  commands.push_back(no_kind);
+  commands.push_back(bad_command_device);
+  commands.push_back(RegisterOp(0, "aten::neg", ""));  // op id 0
+  commands.push_back(RegisterOp(1, "aten::abs", ""));  // duplicate op id
+  std::vector<v1::Completion> errors = session.RunAndSync(commands);
+  ASSERT_EQ(errors.size(), commands.size() - 1);
+  for (const v1::Completion& e : errors) {
+    EXPECT_EQ(e.code(), kInvalidArgument) << e.seq() << ": " << e.message();
+    EXPECT_FALSE(e.message().empty());
+  }
+  // Still serving.
+  EXPECT_EQ(session.Call(CopyFrom(addr, 4)).code(), 0);
+}
+
+TEST_F(ServerTest, UnknownOperatorIsNotFound) {
+  RawSession session(stub_.get());
+  session.Open();
+  v1::Completion completion = session.Call(RegisterOp(1, "aten::no_such_op", "Tensor"));
+  // register_op replies only on error; Call waits for that reply.
+  EXPECT_EQ(completion.code(), kNotFound);
+  EXPECT_EQ(completion.message(), absl::StrCat("operator aten::no_such_op.Tensor is not registered "
+                                               "in flagosd's torch ",
+                                               TorchVersion()));
+}
+
+TEST_F(ServerTest, SequenceNumbersMustIncrease) {
+  RawSession session(stub_.get());
+  session.Open();
+  session.Send({Sync()});  // seq 1 (its completion is read below)
+  v1::ClientMessage message;
+  v1::Command stale = Sync();
+  stale.set_seq(1);
+  *message.mutable_batch()->add_commands() = stale;
+  ASSERT_TRUE(session.stream().Write(message));
+  v1::Completion first = session.WaitFor(1);
+  EXPECT_EQ(first.code(), 0);
+  v1::Completion second = session.WaitFor(1);
+  EXPECT_EQ(second.code(), kInvalidArgument);
+}
+
+TEST_F(ServerTest, AllocationBeyondDeviceMemoryIsResourceExhausted) {
+  RawSession session(stub_.get());
+  session.Open();
+  v1::Completion completion = session.Call(Allocate(kDeviceMemory + 1));
+  EXPECT_EQ(completion.code(), kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(completion.message(), "--device-memory")) << completion.message();
+}
+
+TEST_F(ServerTest, FreedSegmentIsOutOfReachAndItsMemoryReturns) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(kDeviceMemory);
+  std::vector<v1::Completion> errors = session.RunAndSync({Free(addr), CopyTo(addr, "x")});
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), kInvalidArgument);
+  errors = session.RunAndSync({Free(addr)});
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), kNotFound);
+  // The whole device is free again.
+  session.AllocateOk(kDeviceMemory);
+}
+
+TEST_F(ServerTest, FreeWaitsForEarlierCommandsOnEveryStream) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(4 << 20);
+  std::vector<v1::Command> commands;
+  for (uint64_t stream = 1; stream <= 4; ++stream) {
+    commands.push_back(CopyTo(addr, std::string(4 << 20, 'a'), 0, stream));
+  }
+  commands.push_back(Free(addr));
+  EXPECT_TRUE(session.RunAndSync(commands).empty());
+  EXPECT_EQ(Stats().devices(0).used_memory(), 0u);
+}
+
+TEST_F(ServerTest, StatsCountSessionsSegmentsAndCommands) {
+  RawSession session(stub_.get());
+  const uint64_t id = session.Open();
+  session.AllocateOk(1000);
+  session.AllocateOk(24, 1);
+  v1::GetStatsResponse stats = Stats();
+  EXPECT_EQ(stats.backend(), "cpu");
+  EXPECT_EQ(stats.devices(0).used_memory(), 1000u);
+  EXPECT_EQ(stats.devices(1).used_memory(), 24u);
+  ASSERT_EQ(stats.sessions_size(), 1);
+  EXPECT_EQ(stats.sessions(0).id(), id);
+  EXPECT_EQ(stats.sessions(0).pid(), getpid());
+  EXPECT_EQ(stats.sessions(0).client(), "server_test");
+  EXPECT_EQ(stats.sessions(0).segments(), 2u);
+  EXPECT_EQ(stats.sessions(0).segment_bytes(), 1024u);
+  EXPECT_EQ(stats.sessions(0).commands(), 2u);
+  EXPECT_GE(stats.sessions_total(), 1u);
+}
+
+TEST_F(ServerTest, EndOfStreamFreesEverySegment) {
+  {
+    RawSession session(stub_.get());
+    session.Open();
+    session.AllocateOk(1 << 20);
+    session.AllocateOk(1 << 20, 1);
+    session.Send({CopyTo(session.AllocateOk(64), "pending work", 0, 3)});
+    EXPECT_EQ(Stats().devices(0).used_memory(), (1u << 20) + 64);
+    EXPECT_TRUE(session.End().ok());
+  }
+  v1::GetStatsResponse stats = StatsAfterSessionsEnd();
+  EXPECT_EQ(stats.sessions_size(), 0);
+  EXPECT_EQ(stats.devices(0).used_memory(), 0u);
+  EXPECT_EQ(stats.devices(1).used_memory(), 0u);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(1)->free_bytes, kDeviceMemory);
+}
+
+TEST_F(ServerTest, ClientThatDiesLeaksNothing) {
+  {
+    RawSession session(stub_.get());
+    session.Open();
+    session.AllocateOk(8 << 20);
+    session.context().TryCancel();  // as if the process died mid-session
+    EXPECT_EQ(session.End().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  v1::GetStatsResponse stats = StatsAfterSessionsEnd();
+  EXPECT_EQ(stats.sessions_size(), 0);
+  EXPECT_EQ(stats.devices(0).used_memory(), 0u);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
+}
+
+TEST_F(ServerTest, SessionsBeyondTheLimitAreRefused) {
+  std::vector<std::unique_ptr<RawSession>> sessions;
+  for (int i = 0; i < 4; ++i) {
+    sessions.push_back(std::make_unique<RawSession>(stub_.get()));
+    sessions.back()->Open();
+  }
+  RawSession extra(stub_.get());
+  v1::ClientMessage message;
+  message.mutable_open()->set_version(1);
+  ASSERT_TRUE(extra.stream().Write(message));
+  EXPECT_EQ(extra.End().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+TEST_F(ServerTest, ShutdownCancelsLiveSessionsAndFreesTheirMemory) {
+  RawSession session(stub_.get());
+  session.Open();
+  session.AllocateOk(1 << 20);
+  server_->Shutdown(absl::Seconds(1));
+  server_->Wait();
+  EXPECT_FALSE(session.End().ok());
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
+}
+
+}  // namespace
+}  // namespace flagos::daemon
