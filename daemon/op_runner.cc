@@ -410,8 +410,12 @@ class CallContext {
     return absl::OkStatus();
   }
 
- private:
+  // A tensor returned by value (contiguous bytes) in `out`.
+  absl::Status EncodeByValue(const at::Tensor& tensor, v1::Value* out) {
+    return EncodeHostTensor(tensor, out);
+  }
 
+ private:
   absl::Status Encode(const c10::IValue& value, v1::Value* out) {
     if (value.isNone()) {
       out->set_none(true);
@@ -592,14 +596,41 @@ class OpRunnerImpl final : public OpRunner {
       outs.push_back(OutArgument{arguments[i].name(), destination, std::move(scratch)});
     }
     if (absl::Status s = backend_.executor().Call(device, *op, &stack); !s.ok()) return s;
+    // On the synchronous path (want_values, no outputs) an out= argument the
+    // kernel resized (a data-dependent size) cannot land in the client's
+    // segment: it travels back by value and the client resizes and uploads.
+    const bool synchronous = call.want_values() && call.outputs_size() == 0;
+    std::vector<const OutArgument*> resized;
     for (const OutArgument& out : outs) {
+      if (synchronous && out.scratch.sizes() != out.destination.sizes()) {
+        resized.push_back(&out);
+        continue;
+      }
       if (absl::Status s = context.CopyInto(out.destination, out.scratch,
                                             absl::StrCat("out argument '", out.name, "'"));
           !s.ok()) {
         return s;
       }
     }
-    return context.TakeReturns(schema, call, &stack, completion);
+    if (absl::Status s = context.TakeReturns(schema, call, &stack, completion); !s.ok()) return s;
+    if (synchronous) {
+      // After one Value per return: one per written tensor argument, in
+      // argument order — its new contents if it was resized, else none.
+      for (size_t i = 0; i < arguments.size(); ++i) {
+        const c10::AliasInfo* alias = arguments[i].alias_info();
+        if (alias == nullptr || !alias->isWrite() ||
+            arguments[i].real_type()->kind() != c10::TypeKind::TensorType) {
+          continue;
+        }
+        v1::Value* value = completion->add_values();
+        value->set_none(true);
+        for (const OutArgument* out : resized) {
+          if (out->name != arguments[i].name()) continue;
+          if (absl::Status s = context.EncodeByValue(out->scratch, value); !s.ok()) return s;
+        }
+      }
+    }
+    return absl::OkStatus();
   }
 
   const Backend& backend_;
