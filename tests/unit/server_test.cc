@@ -453,13 +453,38 @@ TEST_F(ServerTest, WantValuesCarriesOneValuePerReturn) {
   std::vector<int64_t> index_values(2);
   std::memcpy(index_values.data(), index_bytes.data(), 16);
   EXPECT_EQ(index_values, (std::vector<int64_t>{1, 0}));
-  // A return written in place comes back as none.
+  // A return written in place comes back as none, and so does the written
+  // argument behind it (it kept its size).
   v1::Completion add = session.Call(
       Op(2, {TensorValue(values), TensorValue(values), IntValue(1)}, {}, /*want_values=*/true));
   ASSERT_EQ(add.code(), 0) << add.message();
-  ASSERT_EQ(add.values_size(), 1);
+  ASSERT_EQ(add.values_size(), 2);
   EXPECT_TRUE(add.values(0).has_none());
+  EXPECT_TRUE(add.values(1).has_none());
   EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 32, 8)).data()), (std::vector<float>{18, 16}));
+}
+
+TEST_F(ServerTest, SynchronousPathReturnsResizedOutArgumentsByValue) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  const v1::TensorRef input = Ref(addr, {4});
+  const v1::TensorRef empty_out = Ref(addr + 32, {0}, kLong);
+  session.Send({CopyTo(addr, FloatBytes({0, 5, 0, 7})), RegisterOp(1, "aten::nonzero", "out")});
+  v1::Completion nonzero =
+      session.Call(Op(1, {TensorValue(input), TensorValue(empty_out)}, {}, /*want_values=*/true));
+  ASSERT_EQ(nonzero.code(), 0) << nonzero.message();
+  // One value for the return (held by the client: none), one for `out`.
+  ASSERT_EQ(nonzero.values_size(), 2);
+  EXPECT_TRUE(nonzero.values(0).has_none());
+  ASSERT_TRUE(nonzero.values(1).has_host_tensor());
+  const v1::HostTensor& out = nonzero.values(1).host_tensor();
+  EXPECT_EQ(std::vector<int64_t>(out.sizes().begin(), out.sizes().end()),
+            (std::vector<int64_t>{2, 1}));
+  std::vector<int64_t> indices(2);
+  ASSERT_EQ(out.data().size(), 16u);
+  std::memcpy(indices.data(), out.data().data(), 16);
+  EXPECT_EQ(indices, (std::vector<int64_t>{1, 3}));
 }
 
 TEST_F(ServerTest, ListArgumentsAndDefaultsFollowTheSchema) {

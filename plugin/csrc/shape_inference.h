@@ -1,0 +1,44 @@
+// Output metadata of an operator call, inferred on meta tensors.
+//
+// The op runs on meta tensors mirroring its arguments (same sizes, strides,
+// offsets, dtypes, shared storages). What comes out — the metadata of every
+// return and of every written argument afterwards — is cached by operator
+// and argument metadata (and non-tensor argument values), because a meta
+// kernel can cost far more than the op itself (several are Python).
+//
+// Thread safety: InferOnMeta may be called from any thread.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <optional>
+#include <vector>
+
+namespace torch_fl {
+
+struct TensorMeta {
+  bool defined = false;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  size_t storage_nbytes = 0;
+};
+
+// One entry per return (and per argument); a Tensor return is one TensorMeta,
+// a Tensor[] return several.
+struct InferredCall {
+  std::vector<std::vector<TensorMeta>> returns;
+  // Per argument: the tensors of a written argument after the op; empty for
+  // arguments the op does not write.
+  std::vector<std::vector<TensorMeta>> written;
+};
+
+// nullopt when the call cannot be inferred on meta (no meta kernel, or an
+// output size that depends on the data): run it synchronously instead.
+// Shape and dtype errors are thrown, as the op itself would.
+std::optional<InferredCall> InferOnMeta(const c10::OperatorHandle& op,
+                                        const std::vector<c10::IValue>& args);
+
+}  // namespace torch_fl
