@@ -2,6 +2,7 @@
 // serves until SIGTERM or SIGINT, then shuts down and frees everything.
 #include <pthread.h>
 #include <signal.h>
+#include <systemd/sd-daemon.h>
 
 #include <cstdio>
 #include <algorithm>
@@ -167,12 +168,16 @@ int Run(int argc, char** argv) {
   std::printf("%s\n", ready.c_str());
   std::fflush(stdout);
   LogInfo(absl::StrCat(ready, "; torch ", TorchVersion()));
+  // systemd Type=notify: ready once the devices are up and the sockets
+  // listen (a no-op when not started by systemd).
+  sd_notify(0, absl::StrCat("READY=1\nSTATUS=", ready).c_str());
 
   std::thread signal_thread([&stop_signals, &server] {
     int signal_number = 0;
     sigwait(&stop_signals, &signal_number);
     LogInfo(absl::StrCat("received ", strsignal(signal_number),
                          ": cancelling sessions and shutting down"));
+    sd_notify(0, "STOPPING=1\nSTATUS=stopping: cancelling sessions");
     (*server)->Shutdown(absl::Seconds(1));
   });
   (*server)->Wait();

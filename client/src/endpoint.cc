@@ -1,6 +1,9 @@
 #include "endpoint.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -64,6 +67,54 @@ absl::Status ProbeUnixSocket(absl::string_view endpoint, const std::string& path
   }
 }
 
+// For "host:port" with a numeric host or localhost: OK when something
+// accepts TCP connections there (or the probe cannot tell); UNAVAILABLE at
+// once when the connection is refused, instead of gRPC's retrying until the
+// deadline. Names that need DNS are left to gRPC.
+absl::Status ProbeTcpEndpoint(absl::string_view endpoint, absl::Duration timeout) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == absl::string_view::npos || endpoint.find("://") != absl::string_view::npos) {
+    return absl::OkStatus();
+  }
+  std::string host(endpoint.substr(0, colon));
+  const std::string port(endpoint.substr(colon + 1));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (host == "localhost" ? 0 : AI_NUMERICHOST);
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return absl::OkStatus();
+  bool refused_everywhere = true;
+  for (addrinfo* a = found; a != nullptr && refused_everywhere; a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      refused_everywhere = false;
+      break;
+    }
+    int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+    int err = rc == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int wait_ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+      if (poll(&p, 1, wait_ms) == 1) {
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      } else {
+        err = ETIMEDOUT;
+      }
+    }
+    close(fd);
+    if (err != ECONNREFUSED) refused_everywhere = false;
+  }
+  freeaddrinfo(found);
+  if (refused_everywhere) {
+    return UnreachableError(endpoint, "connection refused: no daemon listens there");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::optional<std::string> UnixSocketPath(absl::string_view endpoint) {
@@ -90,6 +141,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToEndpoint(const std::stri
   }
   if (std::optional<std::string> path = UnixSocketPath(endpoint)) {
     absl::Status probe = ProbeUnixSocket(endpoint, *path);
+    if (!probe.ok()) return probe;
+  } else {
+    absl::Status probe = ProbeTcpEndpoint(endpoint, timeout);
     if (!probe.ok()) return probe;
   }
   grpc::ChannelArguments args;

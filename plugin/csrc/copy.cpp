@@ -69,9 +69,8 @@ void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
     block = at::empty(src.sizes(), src.options().dtype(dst.scalar_type()));
     EnqueueDeviceCopy(block, src);
   }
-  // Everything enqueued on the source device must have run before the
-  // destination device reads it.
-  Synchronize(src_device);
+  // The daemon runs a cross-device copy after every earlier command of the
+  // source device, so the copy sees `block` complete.
   at::Tensor landing;
   {
     c10::DeviceGuard guard(dst.device());
@@ -86,9 +85,8 @@ void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
   copy->set_nbytes(block.nbytes());
   Enqueue(std::move(command), "copy flagos:" + std::to_string(src_device) + " → flagos:" +
                                   std::to_string(dst_device));
-  // `block` may be freed now: the copy was enqueued after a synchronisation
-  // of the source device, and the source device only reuses the block for
-  // commands enqueued later.
+  // `block` is freed on return and the source device may reuse it for later
+  // commands, which the copy does not wait for: let the copy finish first.
   Synchronize(dst_device);
   EnqueueDeviceCopy(dst, landing);
 }

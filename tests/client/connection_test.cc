@@ -2,6 +2,8 @@
 // asynchronous errors, batching, the daemon going away, and Close.
 #include "flagos/client/connection.h"
 
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -90,6 +92,28 @@ TEST(ConnectionOpen, FailsPromptlyWhenNobodyListensOnTheSocket) {
   ASSERT_EQ(connection.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(connection.status().message(),
               AllOf(HasSubstr("flagosd at unix://" + path), HasSubstr("connection refused")));
+}
+
+TEST(ConnectionOpen, ReportsARefusedTcpConnectionWithoutWaitingForTheDeadline) {
+  // A bound but not listening port on loopback refuses connections.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  absl::StatusOr<std::unique_ptr<Connection>> connection =
+      Connection::Open(endpoint, kTimeout, "connection_test");
+  close(fd);
+  ASSERT_EQ(connection.status().code(), absl::StatusCode::kUnavailable);
+  // "connection refused", not "no connection within <timeout>": the refusal
+  // was seen at once.
+  EXPECT_THAT(connection.status().message(),
+              AllOf(HasSubstr("flagosd at " + endpoint), HasSubstr("connection refused")));
 }
 
 TEST(ConnectionOpen, FailsWithFailedPreconditionOnAnIncompatibleVersion) {
