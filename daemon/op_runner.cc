@@ -2,6 +2,7 @@
 #include "op_runner.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -595,7 +596,7 @@ class OpRunnerImpl final : public OpRunner {
       stack[i] = c10::IValue(scratch);
       outs.push_back(OutArgument{arguments[i].name(), destination, std::move(scratch)});
     }
-    if (absl::Status s = backend_.executor().Call(device, *op, &stack); !s.ok()) return s;
+    if (absl::Status s = CallOp(device, *op, call, &stack); !s.ok()) return s;
     // On the synchronous path (want_values, no outputs) an out= argument the
     // kernel resized (a data-dependent size) cannot land in the client's
     // segment: it travels back by value and the client resizes and uploads.
@@ -633,9 +634,29 @@ class OpRunnerImpl final : public OpRunner {
     return absl::OkStatus();
   }
 
+  // Runs the op. A random op without a Generator argument draws from the
+  // device's default generator: the call holds it alone, seeded from the
+  // command's implicit (seed, offset), so its numbers depend on that pair
+  // only, like those of an op that takes a generator.
+  absl::Status CallOp(int device, const c10::OperatorHandle& op, const v1::OpCall& call,
+                      torch::jit::Stack* stack) {
+    if (!call.has_implicit_generator()) return backend_.executor().Call(device, op, stack);
+    const v1::GeneratorValue& g = call.implicit_generator();
+    absl::MutexLock lock(&implicit_generator_mu_);
+    at::Generator generator =
+        at::globalContext().defaultGenerator(backend_.executor().AtenDevice(device));
+    {
+      std::lock_guard<std::mutex> generator_lock(generator.mutex());
+      generator.set_current_seed(Mix64(g.seed() ^ Mix64(g.offset())));
+    }
+    return backend_.executor().Call(device, op, stack);
+  }
+
   const Backend& backend_;
   absl::Mutex mu_;
   absl::flat_hash_map<uint32_t, c10::OperatorHandle> ops_ ABSL_GUARDED_BY(mu_);
+  // Serialises the ops that use the default generator (CallOp).
+  absl::Mutex implicit_generator_mu_;
 };
 
 }  // namespace

@@ -140,24 +140,35 @@ void EncodeGenerator(const c10::IValue& value, int device, flagos::v1::Value* ou
   out->mutable_generator()->set_offset(offset);
 }
 
-flagos::v1::Command MakeOpCall(const c10::FunctionSchema& schema, int device,
+flagos::v1::Command MakeOpCall(const c10::OperatorHandle& op, int device,
                                const std::vector<c10::IValue>& args) {
+  const c10::FunctionSchema& schema = op.schema();
   flagos::v1::Command command;
   command.set_device(device);
   auto* call = command.mutable_op();
   call->set_op_id(OpId(schema.name(), schema.overload_name()));
+  bool has_generator = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (IsGeneratorArgument(schema.arguments()[i])) {
       EncodeGenerator(args[i], device, call->add_args());
+      has_generator = true;
     } else {
       EncodeValue(args[i], call->add_args());
     }
   }
+  if (!has_generator && op.hasTag(at::Tag::nondeterministic_seeded)) {
+    // A random op without a Generator argument (native_dropout) draws from
+    // the device's default generator all the same.
+    flagos::v1::Value state;
+    EncodeGenerator(c10::IValue(), device, &state);
+    *call->mutable_implicit_generator() = state.generator();
+  }
   return command;
 }
 
-void RunInferred(const c10::FunctionSchema& schema, int device, std::vector<c10::IValue>& args,
+void RunInferred(const c10::OperatorHandle& op, int device, std::vector<c10::IValue>& args,
                  const InferredCall& inferred, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
   const auto& arguments = schema.arguments();
   const auto& returns = schema.returns();
   for (size_t i = 0; i < arguments.size(); ++i) {
@@ -184,16 +195,17 @@ void RunInferred(const c10::FunctionSchema& schema, int device, std::vector<c10:
     results.push_back(ReturnValue(returns[j], std::move(tensors)));
   }
   if (!IsPureView(schema)) {
-    flagos::v1::Command command = MakeOpCall(schema, device, args);
+    flagos::v1::Command command = MakeOpCall(op, device, args);
     command.mutable_op()->mutable_outputs()->Swap(&outputs);
     Enqueue(std::move(command), Describe(schema));
   }
   for (c10::IValue& r : results) stack->push_back(std::move(r));
 }
 
-void RunSynchronously(const c10::FunctionSchema& schema, int device,
+void RunSynchronously(const c10::OperatorHandle& op, int device,
                       const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
-  flagos::v1::Command command = MakeOpCall(schema, device, args);
+  const c10::FunctionSchema& schema = op.schema();
+  flagos::v1::Command command = MakeOpCall(op, device, args);
   command.mutable_op()->set_want_values(true);
   flagos::v1::Completion completion = Call(std::move(command), Describe(schema));
   const auto& arguments = schema.arguments();
@@ -238,9 +250,9 @@ void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const int device = FindDevice(args);
   std::optional<InferredCall> inferred = InferOnMeta(op, args);
   if (inferred.has_value()) {
-    RunInferred(schema, device, args, *inferred, stack);
+    RunInferred(op, device, args, *inferred, stack);
   } else {
-    RunSynchronously(schema, device, args, stack);
+    RunSynchronously(op, device, args, stack);
   }
 }
 

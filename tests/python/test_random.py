@@ -1,0 +1,124 @@
+"""Random numbers on flagos: a generator per device whose state is (seed,
+offset), so results repeat under torch.manual_seed in any process.
+
+The numbers differ from the CPU's for the same seed (each op draws from a
+generator seeded from (seed, offset)); what is asserted is reproducibility
+and the statistics of the draws."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch_fl  # noqa: F401
+
+FL = "flagos"
+
+
+def draws() -> list[torch.Tensor]:
+    return [
+        torch.rand(64, device=FL).cpu(),
+        torch.randn(64, device=FL).cpu(),
+        torch.randint(0, 1000, (64,), device=FL).cpu(),
+        torch.empty(64, device=FL).normal_(2.0, 3.0).cpu(),
+        torch.empty(64, device=FL).uniform_(-1.0, 1.0).cpu(),
+        torch.bernoulli(torch.full((64,), 0.5, device=FL)).cpu(),
+        torch.nn.functional.dropout(torch.ones(64, device=FL), 0.5).cpu(),
+        torch.randperm(64, device=FL).cpu(),
+        torch.multinomial(torch.ones(16, device=FL), 8).cpu(),
+    ]
+
+
+def test_manual_seed_repeats_every_random_op_bit_for_bit() -> None:
+    torch.manual_seed(1234)
+    first = draws()
+    torch.manual_seed(1234)
+    second = draws()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_different_seeds_give_different_numbers() -> None:
+    torch.manual_seed(1)
+    a = torch.rand(64, device=FL).cpu()
+    torch.manual_seed(2)
+    b = torch.rand(64, device=FL).cpu()
+    assert not torch.equal(a, b)
+
+
+def test_consecutive_draws_differ() -> None:
+    torch.manual_seed(5)
+    assert not torch.equal(torch.rand(64, device=FL).cpu(), torch.rand(64, device=FL).cpu())
+
+
+SNIPPET = """
+import torch, torch_fl
+torch.manual_seed(77)
+print(torch.randn(8, device="flagos").cpu().tolist())
+"""
+
+
+def test_manual_seed_repeats_across_processes() -> None:
+    outputs = [
+        subprocess.run([sys.executable, "-c", SNIPPET], capture_output=True, text=True, timeout=120)
+        for _ in range(2)
+    ]
+    for out in outputs:
+        assert out.returncode == 0, out.stderr
+    assert outputs[0].stdout == outputs[1].stdout
+    torch.manual_seed(77)
+    assert outputs[0].stdout.strip() == str(torch.randn(8, device=FL).cpu().tolist())
+
+
+def test_rng_state_round_trips() -> None:
+    torch.flagos.manual_seed(9)
+    state = torch.flagos.get_rng_state()
+    a = torch.randn(16, device=FL).cpu()
+    torch.flagos.set_rng_state(state)
+    b = torch.randn(16, device=FL).cpu()
+    assert torch.equal(a, b)
+    assert torch.flagos.initial_seed() == 9
+
+
+def test_fork_rng_restores_the_state() -> None:
+    torch.manual_seed(3)
+    with torch.random.fork_rng(device_type="flagos", devices=[0]):
+        torch.randn(16, device=FL)
+    a = torch.randn(16, device=FL).cpu()
+    torch.manual_seed(3)
+    b = torch.randn(16, device=FL).cpu()
+    assert torch.equal(a, b)
+
+
+def test_an_explicit_generator_is_independent_of_the_default() -> None:
+    g = torch.Generator(device=FL)
+    g.manual_seed(42)
+    a = torch.randn(16, device=FL, generator=g).cpu()
+    torch.manual_seed(0)
+    torch.randn(16, device=FL)  # advances only the default generator
+    g.manual_seed(42)
+    b = torch.randn(16, device=FL, generator=g).cpu()
+    assert torch.equal(a, b)
+
+
+def test_devices_have_their_own_generators() -> None:
+    torch.manual_seed(11)
+    a0 = torch.rand(16, device="flagos:0").cpu()
+    torch.manual_seed(11)
+    torch.rand(16, device="flagos:1")  # does not advance device 0's generator
+    b0 = torch.rand(16, device="flagos:0").cpu()
+    assert torch.equal(a0, b0)
+
+
+@pytest.mark.parametrize("n", [200_000])
+def test_draws_have_the_right_distribution(n: int) -> None:
+    torch.manual_seed(21)
+    u = torch.rand(n, device=FL).cpu().double()
+    z = torch.randn(n, device=FL).cpu().double()
+    # Means and deviations within 5 standard errors of their true values.
+    assert abs(u.mean().item() - 0.5) < 5 * (1 / 12) ** 0.5 / n**0.5
+    assert abs(z.mean().item()) < 5 / n**0.5
+    assert abs(z.std().item() - 1.0) < 5 * (0.5 / n) ** 0.5
+    assert 0.0 <= u.min().item() and u.max().item() < 1.0
