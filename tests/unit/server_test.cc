@@ -600,6 +600,38 @@ TEST_F(ServerTest, RandomOpDependsOnlyOnSeedAndOffset) {
   }
 }
 
+TEST_F(ServerTest, RandomOpWithoutAGeneratorArgumentUsesTheImplicitState) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(8192);
+  const v1::TensorRef input = Ref(addr, {256});
+  constexpr int kBool = 11;  // c10::ScalarType::Bool
+  // Output k at addr + 1024 * (k + 1), its mask at addr + 4096 + 256 * k.
+  const auto dropout = [&](uint64_t out, uint64_t seed, uint64_t offset) {
+    const uint64_t mask = addr + 4096 + (out - addr - 1024) / 4;
+    v1::Value train;
+    train.set_b(true);
+    v1::Command command = Op(2, {TensorValue(input), DoubleValue(0.5), train},
+                             {Ref(out, {256}), Ref(mask, {256}, kBool)});
+    command.mutable_op()->mutable_implicit_generator()->set_seed(seed);
+    command.mutable_op()->mutable_implicit_generator()->set_offset(offset);
+    return command;
+  };
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      RegisterOp(1, "aten::fill_", "Scalar"),
+      Op(1, {TensorValue(input), DoubleValue(1.0)}, {}),
+      RegisterOp(2, "aten::native_dropout", ""),
+      dropout(addr + 1024, 7, 3),
+      dropout(addr + 2048, 7, 3),
+      dropout(addr + 3072, 7, 4),
+  });
+  ASSERT_TRUE(errors.empty()) << errors[0].message();
+  const std::string first = session.Call(CopyFrom(addr + 1024, 1024)).data();
+  EXPECT_EQ(session.Call(CopyFrom(addr + 2048, 1024)).data(), first);
+  EXPECT_NE(session.Call(CopyFrom(addr + 3072, 1024)).data(), first);
+  for (float f : Floats(first)) EXPECT_TRUE(f == 0.0f || f == 2.0f) << f;
+}
+
 TEST_F(ServerTest, AddressOutsideTheSegmentsIsAnErrorAndTheSessionGoesOn) {
   RawSession session(stub_.get());
   session.Open();
