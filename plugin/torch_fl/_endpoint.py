@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 SYSTEM_SOCKET = "/run/flagosd/flagosd.sock"
 _START_TIMEOUT_S = 20.0
 
@@ -82,8 +84,16 @@ def _start_private_daemon() -> str:
         # PR_SET_PDEATHSIG fires when the forking *thread* exits: only use it
         # from the main thread; atexit stops the daemon otherwise.
         main_thread = threading.current_thread() is threading.main_thread()
+        # flagosd links libtorch: point it at this interpreter's torch, wherever
+        # pip put the two packages.
+        env = dict(os.environ)
+        torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (torch_lib, env.get("LD_LIBRARY_PATH", "")) if p
+        )
         proc = subprocess.Popen(
             [binary, f"--listen={endpoint}", "--backend=cpu"],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

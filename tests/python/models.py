@@ -56,7 +56,7 @@ def assert_same(
         if rtol == 0.0 and atol == 0.0:
             assert torch.equal(got, expected), f"{path}:\n{got}\n!=\n{expected}"
         else:
-            torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=path)
+            torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=prefixed(path))
         return
     if isinstance(expected, dict):
         assert isinstance(actual, dict) and actual.keys() == expected.keys(), path
@@ -80,6 +80,11 @@ def same_on_flagos(fn: Callable[..., Any], *args: Any, rtol: float = 0.0, atol: 
     actual = fn(*to_device(list(args), FL))
     assert_same(actual, expected, rtol=rtol, atol=atol)
     return actual
+
+
+def prefixed(name: str) -> Callable[[str], str]:
+    """An assert_close `msg` that keeps torch's message after `name`."""
+    return lambda message: f"{name}: {message}"
 
 
 # ------------------------------------------------------------------ models
