@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "copy.h"
+#include "fallback.h"
 #include "generator.h"
 #include "op_schema.h"
 #include "runtime.h"
@@ -257,6 +258,10 @@ void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+void RunOnDaemon(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  FlagosFallback(op, stack);
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&FlagosFallback>());

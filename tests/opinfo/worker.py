@@ -7,6 +7,8 @@ descriptor N (stdout and stderr are left to torch, which may print there):
 
     {"cmd": "list"}
         -> {"event": "entries", "entries": [key, ...]}
+    {"cmd": "ping"}
+        -> {"event": "pong"}   (after a tiny operator ran on every flagos device)
     {"cmd": "run", "entry": key, "dtypes": [name, ...] | null, "max_samples": 8}
         -> {"event": "plan", "dtypes": [[name, backward], ...]}   (the dtypes it will run)
            per dtype: {"event": "begin", "dtype": name}
@@ -66,6 +68,12 @@ def run(events: Events, entries: dict[str, Any], request: dict[str, Any]) -> Non
     events.send("done")
 
 
+def ping() -> None:
+    for index in range(torch.flagos.device_count()):
+        x = torch.ones(4, device=f"flagos:{index}")
+        assert (x + 1).sum().item() == 8.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--result-fd", type=int, required=True)
@@ -80,6 +88,9 @@ def main() -> None:
         request = json.loads(line)
         if request["cmd"] == "list":
             events.send("entries", entries=list(entries))
+        elif request["cmd"] == "ping":
+            ping()
+            events.send("pong")
         elif request["cmd"] == "run":
             run(events, entries, request)
         else:
