@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -132,8 +133,21 @@ void ThrowIfError(const absl::Status& status) {
   TORCH_CHECK(false, message);
 }
 
+bool LaunchBlocking() {
+  static const bool blocking = [] {
+    const char* value = std::getenv("FLAGOS_LAUNCH_BLOCKING");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return blocking;
+}
+
 uint64_t Enqueue(flagos::v1::Command command, std::string describe) {
-  return Session().Enqueue(std::move(command), std::move(describe));
+  const int device = command.device();
+  uint64_t seq = Session().Enqueue(std::move(command), std::move(describe));
+  // Debugging: every command completes before its call returns, so an
+  // asynchronous failure is raised by the call that caused it.
+  if (LaunchBlocking()) Synchronize(device);
+  return seq;
 }
 
 flagos::v1::Completion Call(flagos::v1::Command command, std::string describe) {

@@ -53,6 +53,9 @@ T ValueOrThrow(absl::StatusOr<T> v) {
   return *std::move(v);
 }
 
+// FLAGOS_LAUNCH_BLOCKING=1: Enqueue waits for each command (debugging).
+bool LaunchBlocking();
+
 // Enqueue / call on the session, throwing on error.
 uint64_t Enqueue(flagos::v1::Command command, std::string describe);
 flagos::v1::Completion Call(flagos::v1::Command command, std::string describe);

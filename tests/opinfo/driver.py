@@ -344,11 +344,12 @@ class Sweeper:
                         timeout = self.timeout
                     elif kind == "phase":
                         phase = f"{event['phase']} of sample {event['sample']}"
-                    elif kind == "result":
+                    elif kind in (FORWARD, BACKWARD):
                         assert remaining is not None and current is not None
-                        results.extend(self._rows(entry, event))
-                        remaining.remove(current)
-                        current = None
+                        results.append(PairResult(entry, event["dtype"], kind, *event["outcome"]))
+                        if kind == BACKWARD or not current[1]:
+                            remaining.remove(current)
+                            current = None
                     elif kind == "done":
                         return results
             except (WorkerDied, WorkerHung) as failure:
@@ -370,19 +371,14 @@ class Sweeper:
                     return results
                 dtype, backward = current
                 verdict = TIMEOUT if hung else CRASH
-                results.append(PairResult(entry, dtype, FORWARD, verdict, message))
+                forward_known = any(r.dtype == dtype and r.direction == FORWARD for r in results)
+                if not forward_known:
+                    results.append(PairResult(entry, dtype, FORWARD, verdict, message))
                 if backward:
                     results.append(PairResult(entry, dtype, BACKWARD, verdict, message))
                 assert remaining is not None
                 remaining.remove(current)
         return results
-
-    @staticmethod
-    def _rows(entry: str, event: dict[str, Any]) -> list[PairResult]:
-        rows = [PairResult(entry, event["dtype"], FORWARD, *event["forward"])]
-        if event["backward"] is not None:
-            rows.append(PairResult(entry, event["dtype"], BACKWARD, *event["backward"]))
-        return rows
 
 
 def sweep(

@@ -307,10 +307,31 @@ def synchronize() -> None:
     torch.flagos.synchronize()
 
 
+@dataclass
+class Ran:
+    """One sample after the forward: both sides' inputs and outputs (flagos ones None if it failed)."""
+
+    sample: SampleInput
+    cpu_in: SampleInput
+    cpu_out: Any
+    fl_in: SampleInput | None
+    fl_out: Any
+
+
 def run_pair(
-    op: OpInfo, dtype_name: str, backward: bool, max_samples: int, progress: Progress | None = None
+    op: OpInfo,
+    dtype_name: str,
+    backward: bool,
+    max_samples: int,
+    progress: Progress | None = None,
+    on_forward: Callable[[Outcome], None] | None = None,
 ) -> tuple[Outcome, Outcome | None]:
-    """(forward, backward) outcomes of `op` at `dtype_name`; backward None when not compared."""
+    """(forward, backward) outcomes of `op` at `dtype_name`; backward None when not compared.
+
+    All samples' forwards run first (on_forward gets their outcome as soon as
+    it is known, so that a crash in a backward does not lose it), then the
+    backwards.
+    """
     dtype = DTYPES[dtype_name]
     random = is_random(entry_key(op.name, op.variant_test_name))
     tol = tolerances(op, dtype)
@@ -321,8 +342,12 @@ def run_pair(
         samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=backward), max_samples))
     except Exception as e:  # the CPU-side sample generator itself
         message = f"sample_inputs raised {describe(e)}"
-        return Outcome(SKIPPED_ON_CPU, message), (Outcome(SKIPPED_ON_CPU, message) if backward else None)
+        skipped = Outcome(SKIPPED_ON_CPU, message)
+        if on_forward:
+            on_forward(skipped)
+        return skipped, (skipped if backward else None)
 
+    ran: list[tuple[int, Ran]] = []
     for index, sample in enumerate(samples):
         prefix = f"sample {index}: "
         if progress:
@@ -335,8 +360,7 @@ def run_pair(
             fwd.cpu_error(prefix + describe(e))
             bwd.cpu_error(prefix + describe(e))
             continue
-
-        fl_out = None
+        fl_in: SampleInput | None = None
         try:
             fl_in = Copier(DEVICE).sample(sample)
             fl_out = op(fl_in.input, *fl_in.args, **fl_in.kwargs)
@@ -348,24 +372,30 @@ def run_pair(
         else:
             diff = mismatch(fl_cmp, cpu_cmp, random=random, tol=tol)
             fwd.add(WRONG, prefix + diff) if diff else fwd.add(PASS, "")
+        ran.append((index, Ran(sample, cpu_in, cpu_out, fl_in, fl_out)))
+    forward = fwd.result()
+    if on_forward:
+        on_forward(forward)
+    if not backward:
+        return forward, None
 
-        if not backward:
-            continue
+    for index, r in ran:
+        prefix = f"sample {index}: "
         if progress:
             progress(index, BACKWARD)
         try:
-            cpu_grads = gradients(sample.output_process_fn_grad(cpu_out), grad_leaves(cpu_in), "cpu")
+            cpu_grads = gradients(r.sample.output_process_fn_grad(r.cpu_out), grad_leaves(r.cpu_in), "cpu")
         except Exception as e:
             bwd.cpu_error(prefix + describe(e))
             continue
         if cpu_grads is None:
             bwd.cpu_error(prefix + "nothing to differentiate (no differentiable output or input)")
             continue
-        if fl_out is None:
+        if r.fl_out is None or r.fl_in is None:
             bwd.add(BLOCKED, prefix + "forward failed on flagos")
             continue
         try:
-            fl_grads = to_cpu(gradients(sample.output_process_fn_grad(fl_out), grad_leaves(fl_in), DEVICE))
+            fl_grads = to_cpu(gradients(r.sample.output_process_fn_grad(r.fl_out), grad_leaves(r.fl_in), DEVICE))
             synchronize()
         except Exception as e:
             bwd.add(ERROR, prefix + describe(e))
@@ -375,8 +405,7 @@ def run_pair(
             continue
         diff = mismatch(fl_grads, to_cpu(cpu_grads), random=random, tol=tol)
         bwd.add(WRONG, prefix + diff) if diff else bwd.add(PASS, "")
+    return forward, bwd.result()
 
-    return fwd.result(), (bwd.result() if backward else None)
 
-
-__all__ = ["all_entries", "plan", "run_pair", "DtypePlan", "PASS"]
+__all__ = ["all_entries", "plan", "run_pair", "DtypePlan", "Outcome"]

@@ -13,8 +13,9 @@ descriptor N (stdout and stderr are left to torch, which may print there):
         -> {"event": "plan", "dtypes": [[name, backward], ...]}   (the dtypes it will run)
            per dtype: {"event": "begin", "dtype": name}
                       {"event": "phase", "dtype": name, "sample": i, "phase": "forward"|"backward"}
-                      {"event": "result", "dtype": name, "forward": [verdict, message],
-                       "backward": [verdict, message] | null}
+                      {"event": "forward", "dtype": name, "outcome": [verdict, message]}
+                      {"event": "backward", "dtype": name, "outcome": [verdict, message]}
+                          (only when gradients are compared at that dtype)
            {"event": "done"}
 
 FLAGOS_ENDPOINT names the daemon. The driver restarts this process when it
@@ -58,13 +59,12 @@ def run(events: Events, entries: dict[str, Any], request: dict[str, Any]) -> Non
         def progress(sample: int, phase: str, dtype: str = p.dtype) -> None:
             events.send("phase", dtype=dtype, sample=sample, phase=phase)
 
-        forward, backward = harness.run_pair(op, p.dtype, p.backward, request["max_samples"], progress)
-        events.send(
-            "result",
-            dtype=p.dtype,
-            forward=[forward.verdict, forward.message],
-            backward=None if backward is None else [backward.verdict, backward.message],
-        )
+        def on_forward(outcome: harness.Outcome, dtype: str = p.dtype) -> None:
+            events.send("forward", dtype=dtype, outcome=[outcome.verdict, outcome.message])
+
+        _, backward = harness.run_pair(op, p.dtype, p.backward, request["max_samples"], progress, on_forward)
+        if backward is not None:
+            events.send("backward", dtype=p.dtype, outcome=[backward.verdict, backward.message])
     events.send("done")
 
 

@@ -51,6 +51,17 @@ def test_nonzero_then_used_on_device() -> None:
     same_on_flagos(lambda x: (torch.nonzero(x).sum(0), torch.nonzero(x) * 2), ints(7, 3))
 
 
+def test_nonzero_of_non_contiguous_input() -> None:
+    same_on_flagos(lambda x: x.t()[1:].nonzero(), ints(5, 6))
+
+
+def test_nonzero_on_second_device() -> None:
+    x = ints(4, 5)
+    got = x.to(torch.device(FL, 1)).nonzero()
+    assert got.device == torch.device(FL, 1)
+    assert torch.equal(got.cpu(), x.nonzero())
+
+
 def test_argwhere() -> None:
     same_on_flagos(torch.argwhere, ints(4, 5))
 
@@ -114,6 +125,15 @@ def test_bool_mask_read_empty() -> None:
     assert out.numel() == 0
 
 
+def test_bool_mask_read_backward() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_()
+        (x[x > 0] ** 2).sum().backward()
+        return x.grad
+
+    same_on_flagos(fn, floats(5, 6))
+
+
 def test_bool_mask_assign_scalar() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         x = x.clone()
@@ -142,6 +162,27 @@ def test_bool_mask_assign_rows_broadcast() -> None:
 
     rows = torch.tensor([False, True, True, False, True])
     same_on_flagos(fn, floats(5, 6), rows, floats(6, seed=1))
+
+
+def test_bool_mask_assign_cpu_scalar_tensor() -> None:
+    # A 0-dim CPU tensor may be mixed with flagos tensors, as with CUDA.
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        x[x > 0] = torch.tensor(9.0)
+        return x
+
+    same_on_flagos(fn, floats(5, 6))
+
+
+def test_masked_fill_cpu_scalar_tensor_value() -> None:
+    # torch._refs.masked_fill explicitly allows a CPU 0-dim value for PrivateUse1.
+    same_on_flagos(lambda x: x.masked_fill(x > 0, torch.tensor(9.0)), floats(5, 6))
+
+
+def test_index_fill_cpu_scalar_tensor_value() -> None:
+    same_on_flagos(
+        lambda x, i: x.index_fill(1, i, torch.tensor(-2.0)), floats(5, 6), torch.tensor([0, 4])
+    )
 
 
 def test_masked_fill_and_index_put_accumulate() -> None:

@@ -104,6 +104,50 @@ def test_cpu_checkpoint_with_map_location_flagos(tmp_path: Path) -> None:
     assert_state_equal(loaded, cpu_state, torch.device(FL, 0))
 
 
+def test_map_location_dict_moves_between_flagos_devices(tmp_path: Path) -> None:
+    state = make_cnn().to(torch.device(FL, 1)).state_dict()
+    loaded = save_load(state, tmp_path / "model.pt", map_location={"flagos:1": "flagos:0"})
+    assert_state_equal(loaded, make_cnn().state_dict(), torch.device(FL, 0))
+
+
+def test_mmap_load_of_cpu_checkpoint_to_flagos(tmp_path: Path) -> None:
+    cpu_state = make_cnn().state_dict()
+    loaded = save_load(cpu_state, tmp_path / "cpu.pt", mmap=True, map_location=FL)
+    assert_state_equal(loaded, cpu_state, torch.device(FL, 0))
+
+
+def test_whole_module_pickled(fl_model: nn.Module, tmp_path: Path) -> None:
+    loaded = save_load(fl_model, tmp_path / "module.pt", weights_only=False)
+    assert isinstance(loaded, type(fl_model))
+    assert_state_equal(loaded.state_dict(), make_cnn().state_dict(), torch.device(FL, 0))
+
+
+def test_deepcopy_of_flagos_model(fl_model: nn.Module) -> None:
+    copied = copy.deepcopy(fl_model)
+    assert_state_equal(copied.state_dict(), make_cnn().state_dict(), torch.device(FL, 0))
+    next(copied.parameters()).data.zero_()
+    assert_state_equal(fl_model.state_dict(), make_cnn().state_dict(), torch.device(FL, 0))
+
+
+def test_meta_model_to_empty_then_load_cpu_checkpoint(tmp_path: Path) -> None:
+    cpu_state = make_cnn().state_dict()
+    torch.save(cpu_state, tmp_path / "cpu.pt")
+    with torch.device("meta"):
+        model = make_cnn()
+    model = model.to_empty(device=FL)
+    model.load_state_dict(torch.load(tmp_path / "cpu.pt", map_location=FL))
+    assert_state_equal(model.state_dict(), cpu_state, torch.device(FL, 0))
+
+
+def test_meta_model_load_state_dict_assign(tmp_path: Path) -> None:
+    cpu_state = make_cnn().state_dict()
+    loaded = save_load(cpu_state, tmp_path / "cpu.pt", map_location=FL)
+    with torch.device("meta"):
+        model = make_cnn()
+    model.load_state_dict(loaded, assign=True)
+    assert_state_equal(model.state_dict(), cpu_state, torch.device(FL, 0))
+
+
 def test_tensors_of_many_dtypes_and_views_round_trip(tmp_path: Path) -> None:
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     cpu = {
