@@ -213,6 +213,9 @@ class CallContext {
     absl::Status status = Guarded(op_name_, where, [&]() {
       tensor = backend_.executor().WrapDeviceMemory(ref.device(), extent->begin, sizes, strides,
                                                     static_cast<c10::ScalarType>(ref.dtype()));
+      // The client's lazy conj/neg bits, as views the kernels understand.
+      if (ref.conj()) tensor = tensor._conj();
+      if (ref.neg()) tensor = tensor._neg_view();
       return absl::OkStatus();
     });
     if (!status.ok()) return status;
@@ -387,6 +390,15 @@ class CallContext {
     const std::string where = absl::StrCat("output ", index);
     absl::StatusOr<at::Tensor> destination = WrapTensor(ref, where);
     if (!destination.ok()) return destination.status();
+    if (result.numel() == 0 && destination->numel() != 0) {
+      // A kernel that returns an empty tensor where the meta kernel promised
+      // data (native_batch_norm's saved statistics in eval mode): the values
+      // are unused; zeros make the output deterministic.
+      return Guarded(op_name_, where, [&]() {
+        destination->zero_();
+        return absl::OkStatus();
+      });
+    }
     return CopyInto(*destination, result, where);
   }
 

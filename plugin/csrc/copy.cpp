@@ -29,10 +29,19 @@ at::Tensor HostStaging(const at::Tensor& like, const at::Tensor& src) {
   return staging;
 }
 
+// The values whose raw bytes make `t` read as `logical` once its lazy
+// conj/neg bits apply (the bits are involutions).
+at::Tensor ApplyBits(const at::Tensor& t, at::Tensor logical) {
+  if (t.is_conj()) logical = logical.conj_physical();
+  if (t.is_neg()) logical = logical.neg();
+  return logical;
+}
+
 void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst) {
   if (dst.numel() == 0) return;
   if (IsDenseBlock(dst)) {
     at::Tensor staging = HostStaging(dst, src);
+    if (dst.is_conj() || dst.is_neg()) staging = HostStaging(dst, ApplyBits(dst, staging));
     UploadBytes(dst.device().index(), ElementAddr(dst), staging.const_data_ptr(),
                 staging.nbytes());
     return;
@@ -55,7 +64,7 @@ void CopyDeviceToHost(const at::Tensor& src, const at::Tensor& dst) {
   at::Tensor staging = at::empty_strided(src.sizes(), src.strides(),
                                          at::TensorOptions().dtype(src.scalar_type()));
   DownloadBytes(src.device().index(), ElementAddr(src), staging.data_ptr(), staging.nbytes());
-  dst.copy_(staging);
+  dst.copy_(ApplyBits(src, staging));
 }
 
 void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
@@ -64,7 +73,8 @@ void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
   int dst_device = dst.device().index();
   // A dense, same-dtype block on the source device.
   at::Tensor block = src;
-  if (!IsDenseBlock(src) || src.scalar_type() != dst.scalar_type()) {
+  if (!IsDenseBlock(src) || src.scalar_type() != dst.scalar_type() || src.is_conj() ||
+      src.is_neg()) {
     c10::DeviceGuard guard(src.device());
     block = at::empty(src.sizes(), src.options().dtype(dst.scalar_type()));
     EnqueueDeviceCopy(block, src);

@@ -50,8 +50,9 @@ class MetaMirror {
  private:
   at::Tensor ToMeta(const at::Tensor& t) {
     if (!t.defined()) return t;
-    // CPU 0-dim tensors stay: ATen lets them mix with any device.
-    if (!IsFlagos(t) && !(t.device().is_cpu() && t.dim() > 0)) return t;
+    // CPU tensors (0-dim values such as masked_fill's) become meta too: the
+    // daemon receives them by value, on its device.
+    if (!IsFlagos(t) && !t.device().is_cpu()) return t;
     c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
     auto it = storages_.find(key);
     if (it == storages_.end()) {
@@ -63,6 +64,8 @@ class MetaMirror {
     at::Tensor meta = at::detail::make_tensor<c10::TensorImpl>(
         c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
     meta.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    if (t.is_conj()) meta.unsafeGetTensorImpl()->_set_conj(true);
+    if (t.is_neg()) meta.unsafeGetTensorImpl()->_set_neg(true);
     return meta;
   }
 
@@ -159,6 +162,7 @@ class KeyWriter {
     Bytes(t.strides().data(), t.dim() * sizeof(int64_t));
     Pod(t.storage_offset());
     Pod(t.has_storage() ? t.storage().nbytes() : size_t{0});
+    Pod(static_cast<char>(t.is_conj() | (t.is_neg() << 1)));
     // Which earlier argument, if any, shares this storage.
     const void* storage = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
     int shared = -1;

@@ -59,6 +59,8 @@ void EncodeTensorRef(const at::Tensor& t, flagos::v1::TensorRef* ref) {
   ref->mutable_strides()->Add(t.strides().begin(), t.strides().end());
   ref->set_dtype(static_cast<int32_t>(t.scalar_type()));
   ref->set_device(t.device().index());
+  if (t.is_conj()) ref->set_conj(true);
+  if (t.is_neg()) ref->set_neg(true);
 }
 
 void EncodeValue(const c10::IValue& v, flagos::v1::Value* out) {

@@ -128,6 +128,11 @@ def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
     raise ValueError(f"flagos: the daemon reports no device {idx}")
 
 
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes torch.autocast("flagos", dtype=...) accepts."""
+    return [torch.float16, torch.bfloat16]
+
+
 def _is_in_bad_fork() -> bool:
     return False
 

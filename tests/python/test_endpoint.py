@@ -87,8 +87,9 @@ print(json.dumps({"result": (x * 2).sum(dim=1).tolist(), "endpoint": torch_fl.en
 """
 
 
-def flagosd_processes(binary: Path) -> set[int]:
-    """Pids of live (not zombie) processes running `binary`."""
+def flagosd_processes(binary: Path, listening_on: str) -> set[int]:
+    """Pids of live (not zombie) processes running `binary` that listen on
+    `listening_on` (other daemons on the machine are not this test's)."""
     target = str(binary.resolve())
     pids = set()
     for entry in Path("/proc").iterdir():
@@ -97,9 +98,10 @@ def flagosd_processes(binary: Path) -> set[int]:
         try:
             exe = os.readlink(entry / "exe")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if exe.removesuffix(" (deleted)") == target and state != "Z":
+        if exe.removesuffix(" (deleted)") == target and state != "Z" and listening_on in cmdline:
             pids.add(int(entry.name))
     return pids
 
@@ -110,7 +112,6 @@ def flagosd_processes(binary: Path) -> set[int]:
 def test_without_endpoint_a_private_daemon_serves_and_is_stopped_at_exit(
     run_python, flagosd_binary: Path, endpoint: str
 ) -> None:
-    before = flagosd_processes(flagosd_binary)
     proc = run_python(
         PRIVATE_DAEMON_PROGRAM,
         env={"FLAGOS_ENDPOINT": None, "FLAGOS_DAEMON": str(flagosd_binary)},
@@ -126,10 +127,12 @@ def test_without_endpoint_a_private_daemon_serves_and_is_stopped_at_exit(
 
     assert report["endpoint"] != endpoint  # not the test run's daemon
 
-    # No flagosd that was not running before may outlive the program (a short,
-    # bounded wait covers the daemon finishing its exit).
+    # The private daemon must not outlive the program (a short, bounded wait
+    # covers the daemon finishing its exit).
     deadline = time.monotonic() + 5.0
-    while (leftovers := flagosd_processes(flagosd_binary) - before) and time.monotonic() < deadline:
+    while (
+        leftovers := flagosd_processes(flagosd_binary, report["endpoint"])
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
