@@ -234,9 +234,29 @@ std::optional<InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 
 }  // namespace
 
+// Calls whose CPU kernel returns other sizes or dtypes than the meta kernel
+// (which follows CUDA) says: batch norm keeps its saved statistics in the
+// input's reduced-precision dtype on the CPU (float32 on CUDA), and
+// _embedding_bag sizes its auxiliary outputs differently. They take the
+// synchronous path, which learns the outputs from the kernel itself.
+bool MetaDisagreesWithTheKernel(const c10::OperatorHandle& op,
+                                const std::vector<c10::IValue>& args) {
+  const std::string& name = op.schema().name();
+  if (name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only") return true;
+  if (name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
+      name == "aten::_native_batch_norm_legit_no_training" ||
+      name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_no_update") {
+    if (args.empty() || !args[0].isTensor()) return false;
+    c10::ScalarType dtype = args[0].toTensor().scalar_type();
+    return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+  }
+  return false;
+}
+
 std::optional<InferredCall> InferOnMeta(const c10::OperatorHandle& op,
                                         const std::vector<c10::IValue>& args) {
-  if (!ReturnsOnlyTensors(op.schema()) || op.hasTag(at::Tag::dynamic_output_shape)) {
+  if (!ReturnsOnlyTensors(op.schema()) || op.hasTag(at::Tag::dynamic_output_shape) ||
+      MetaDisagreesWithTheKernel(op, args)) {
     return std::nullopt;
   }
   KeyWriter writer(op);
