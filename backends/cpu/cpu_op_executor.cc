@@ -1,4 +1,5 @@
 #include "cpu_op_executor.h"
+#include "fused_rnn_kernels.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/from_blob.h>
@@ -73,6 +74,9 @@ absl::Status CpuOpExecutor::Call(int /*device*/, const c10::OperatorHandle& op,
   }
 }
 
-std::unique_ptr<OpExecutor> CreateCpuOpExecutor() { return std::make_unique<CpuOpExecutor>(); }
+std::unique_ptr<OpExecutor> CreateCpuOpExecutor() {
+  RegisterFusedRnnKernels();
+  return std::make_unique<CpuOpExecutor>();
+}
 
 }  // namespace flagos
