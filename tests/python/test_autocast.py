@@ -29,7 +29,9 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
 
 def autocast_same(fn: Callable[..., Any], *args: Any, dtype: torch.dtype = BF16,
                   expect: torch.dtype | None = None) -> Any:
-    """fn under autocast on flagos == fn under CPU autocast (dtype, values within bf16's rounding)."""
+    """fn under autocast on flagos == fn under CPU autocast.
+
+    Same dtypes and shapes; values within bf16's rounding."""
     with torch.autocast("cpu", dtype=dtype):
         expected = fn(*args)
     with torch.autocast(FL, dtype=dtype):

@@ -96,7 +96,9 @@ def test_unique_dim() -> None:
 
 def test_unique_consecutive() -> None:
     x = torch.tensor([1, 1, 2, 2, 2, 3, 1, 1, 4])
-    same_on_flagos(lambda t: torch.unique_consecutive(t, return_inverse=True, return_counts=True), x)
+    same_on_flagos(
+        lambda t: torch.unique_consecutive(t, return_inverse=True, return_counts=True), x
+    )
 
 
 # ------------------------------------------------------------------ masks
@@ -268,7 +270,9 @@ def test_any_all_in_python_if() -> None:
     for seed in range(3):
         x = floats(8, seed=seed)
         assert branches(x.to(FL)) == branches(x)
-    assert branches(torch.tensor([1.0, float("inf")]).to(FL)) == ["any>0", "any>10", "all>-10", "all>0", "sum>0", "nonfinite"]
+    with_inf = torch.tensor([1.0, float("inf")])
+    assert branches(with_inf.to(FL)) == branches(with_inf)
+    assert "nonfinite" in branches(with_inf)
 
 
 def test_while_loop_on_device_condition() -> None:

@@ -33,7 +33,8 @@ OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
 }
 
-MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = {
+Data = tuple[torch.Tensor, torch.Tensor]
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[], Data]]] = {
     "cnn": (make_cnn, cnn_data),
     "transformer": (make_transformer, transformer_data),
 }
@@ -170,3 +171,63 @@ def test_scaled_dot_product_attention_matches_cpu() -> None:
     torch.testing.assert_close(fout.detach().cpu(), out.detach(), rtol=1e-4, atol=1e-5)
     for name, a, b in (("q", fq, q), ("k", fk, k), ("v", fv, v)):
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5, msg=prefixed(name))
+
+
+# ------------------------------------------------------------------ more layers, forward + backward
+
+_gen = torch.Generator().manual_seed(1)
+IMG = torch.randn(2, 4, 8, 8, generator=_gen)
+SEQ = torch.randn(2, 5, 6, generator=_gen)
+TOKENS = torch.randint(0, 10, (2, 5), generator=_gen)
+
+LAYERS: dict[str, tuple[Callable[[], nn.Module], tuple[torch.Tensor, ...], Callable]] = {
+    "group_norm": (lambda: nn.GroupNorm(2, 4), (IMG,), lambda y: y),
+    "conv_transpose2d": (lambda: nn.ConvTranspose2d(4, 3, 3, stride=2), (IMG,), lambda y: y),
+    "conv2d_strided_dilated_grouped": (
+        lambda: nn.Conv2d(4, 4, 3, stride=2, dilation=2, groups=2, padding=2), (IMG,), lambda y: y
+    ),
+    "conv1d": (lambda: nn.Conv1d(5, 3, 3, padding=1), (SEQ,), lambda y: y),
+    "avg_pool2d": (lambda: nn.AvgPool2d(2), (IMG,), lambda y: y),
+    "adaptive_avg_pool2d": (lambda: nn.AdaptiveAvgPool2d(3), (IMG,), lambda y: y),
+    "upsample_bilinear": (
+        lambda: nn.Upsample(scale_factor=2, mode="bilinear"), (IMG,), lambda y: y
+    ),
+    "lstm": (lambda: nn.LSTM(6, 4, batch_first=True), (SEQ,), lambda y: y[0]),
+    "gru": (lambda: nn.GRU(6, 4, batch_first=True, num_layers=2), (SEQ,), lambda y: y[0]),
+    "rnn_tanh": (lambda: nn.RNN(6, 4, batch_first=True), (SEQ,), lambda y: y[0]),
+    "embedding_padding_idx": (lambda: nn.Embedding(10, 4, padding_idx=0), (TOKENS,), lambda y: y),
+    "embedding_bag_mean": (lambda: nn.EmbeddingBag(10, 4, mode="mean"), (TOKENS,), lambda y: y),
+    "multihead_attention_weights": (
+        lambda: nn.MultiheadAttention(6, 2, batch_first=True), (SEQ, SEQ, SEQ), lambda y: y[1]
+    ),
+    "transformer_decoder_layer_norm_first": (
+        lambda: nn.TransformerDecoderLayer(6, 2, 12, 0.0, batch_first=True, norm_first=True),
+        (SEQ, SEQ), lambda y: y,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_forward_and_backward_match_cpu(name: str) -> None:
+    make_layer, inputs, pick = LAYERS[name]
+    torch.manual_seed(0)
+    layer = make_layer()
+    fl_layer = copy.deepcopy(layer).to(FL)
+    cpu_in = [t.clone().requires_grad_() if t.is_floating_point() else t for t in inputs]
+    fl_in = [t.detach().to(FL).requires_grad_() if t.is_floating_point() else t.to(FL)
+             for t in inputs]
+    expected = pick(layer(*cpu_in))
+    (expected * torch.linspace(-1, 1, expected.numel()).view_as(expected)).sum().backward()
+    actual = pick(fl_layer(*fl_in))
+    (actual * torch.linspace(-1, 1, actual.numel(), device=FL).view_as(actual)).sum().backward()
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach(), rtol=1e-4, atol=1e-5)
+    for i, (a, b) in enumerate(zip(fl_in, cpu_in)):
+        if b.grad is not None:
+            torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5,
+                                       msg=prefixed(f"input {i} grad"))
+    for (pname, p), q in zip(fl_layer.named_parameters(), layer.parameters()):
+        if q.grad is None:
+            assert p.grad is None, pname
+        else:
+            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5,
+                                       msg=prefixed(f"{pname} grad"))
