@@ -369,6 +369,9 @@ class CallContext {
       if (!host.data().empty()) {
         std::memcpy(tensor.data_ptr(), host.data().data(), host.data().size());
       }
+      if (host.wrapped_number() && tensor.dim() == 0) {
+        tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
+      }
       const c10::Device device = backend_.executor().AtenDevice(device_);
       if (tensor.dim() > 0 && device.type() != c10::kCPU) tensor = tensor.to(device);
       return absl::OkStatus();
@@ -390,15 +393,6 @@ class CallContext {
     const std::string where = absl::StrCat("output ", index);
     absl::StatusOr<at::Tensor> destination = WrapTensor(ref, where);
     if (!destination.ok()) return destination.status();
-    if (result.numel() == 0 && destination->numel() != 0) {
-      // A kernel that returns an empty tensor where the meta kernel promised
-      // data (native_batch_norm's saved statistics in eval mode): the values
-      // are unused; zeros make the output deterministic.
-      return Guarded(op_name_, where, [&]() {
-        destination->zero_();
-        return absl::OkStatus();
-      });
-    }
     return CopyInto(*destination, result, where);
   }
 

@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -45,7 +46,27 @@ void ForEachTensor(const c10::IValue& v, F&& f) {
   }
 }
 
-int FindDevice(const std::vector<c10::IValue>& args) {
+// As on CUDA: a CPU tensor may join a flagos operation only as a 0-dim value
+// (or as indices of advanced indexing); anything else is a device mismatch.
+void CheckNoHostOperands(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args,
+                         int device) {
+  const std::string& name = schema.name();
+  if (name == "aten::index" || name == "aten::index_put_" || name == "aten::index_put" ||
+      name == "aten::_index_put_impl_" || name == "aten::_unsafe_index" ||
+      name == "aten::_unsafe_index_put") {
+    return;
+  }
+  for (const c10::IValue& a : args) {
+    ForEachTensor(a, [&](const at::Tensor& t) {
+      TORCH_CHECK(!(t.defined() && t.device().is_cpu() && t.dim() > 0),
+                  "Expected all tensors to be on the same device, but found at least two "
+                  "devices, flagos:", device, " and cpu! (", schema.name(),
+                  "; move the CPU tensor with .to(\"flagos\"))");
+    });
+  }
+}
+
+int FindDevice(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args) {
   int found = -1;
   for (const c10::IValue& a : args) {
     ForEachTensor(a, [&](const at::Tensor& t) {
@@ -57,7 +78,10 @@ int FindDevice(const std::vector<c10::IValue>& args) {
       found = d;
     });
   }
-  if (found >= 0) return found;
+  if (found >= 0) {
+    CheckNoHostOperands(schema, args, found);
+    return found;
+  }
   for (const c10::IValue& a : args) {
     if (a.isDevice() && a.toDevice().type() == kFlagos && a.toDevice().has_index()) {
       return a.toDevice().index();
@@ -248,7 +272,7 @@ void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - nargs),
                                 std::make_move_iterator(stack->end()));
   torch::jit::drop(*stack, nargs);
-  const int device = FindDevice(args);
+  const int device = FindDevice(schema, args);
   std::optional<InferredCall> inferred = InferOnMeta(op, args);
   if (inferred.has_value()) {
     RunInferred(op, device, args, *inferred, stack);
@@ -261,6 +285,36 @@ void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void RunOnDaemon(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   FlagosFallback(op, stack);
+}
+
+int ForwardOpsWithCpuKernels() {
+  static int forwarded = [] {
+    const char* disabled = std::getenv("FLAGOS_COMPOSITE_OPS");
+    if (disabled != nullptr && std::string(disabled) == "decompose") return 0;
+    // Kept for the life of the process, like every registration.
+    auto* library = new torch::Library(torch::Library::IMPL, "aten",
+                                       c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    int count = 0;
+    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
+      if (!op.has_value() || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        continue;
+      }
+      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+        continue;
+      }
+      std::string qualified = name.name.substr(6);
+      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+      library->impl(qualified.c_str(),
+                    torch::CppFunction::makeFromBoxedFunction<&FlagosFallback>());
+      ++count;
+    }
+    return count;
+  }();
+  return forwarded;
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

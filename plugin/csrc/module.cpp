@@ -13,6 +13,7 @@
 
 #include "absl/time/time.h"
 #include "device_allocator.h"
+#include "fallback.h"
 #include "generator.h"
 #include "flagos/client/connection.h"
 #include "runtime.h"
@@ -115,6 +116,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace torch_fl;
   m.doc() = "flagos runtime binding (internal; use torch_fl and torch.flagos)";
   RegisterHooks();
+  ForwardOpsWithCpuKernels();
 
   m.def("_set_endpoint_resolver", [](py::function resolver) {
     // Keep the Python callable alive for the life of the process.
@@ -166,6 +168,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generator", [](int device) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(DefaultGenerator(device)));
   });
+  m.def("_forwarded_op_count", &ForwardOpsWithCpuKernels);
   m.def("_test_bad_command", &TestBadCommand, py::call_guard<py::gil_scoped_release>());
   m.def("_test_read_device", &TestReadDevice);
 }

@@ -51,8 +51,10 @@ class MetaMirror {
   at::Tensor ToMeta(const at::Tensor& t) {
     if (!t.defined()) return t;
     // CPU tensors (0-dim values such as masked_fill's) become meta too: the
-    // daemon receives them by value, on its device.
+    // daemon receives them by value, on its device. Wrapped Python numbers
+    // stay: kernels (Python meta kernels too) treat them as scalars.
     if (!IsFlagos(t) && !t.device().is_cpu()) return t;
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
     c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
     auto it = storages_.find(key);
     if (it == storages_.end()) {
@@ -162,7 +164,8 @@ class KeyWriter {
     Bytes(t.strides().data(), t.dim() * sizeof(int64_t));
     Pod(t.storage_offset());
     Pod(t.has_storage() ? t.storage().nbytes() : size_t{0});
-    Pod(static_cast<char>(t.is_conj() | (t.is_neg() << 1)));
+    Pod(static_cast<char>(t.is_conj() | (t.is_neg() << 1) |
+                          (t.unsafeGetTensorImpl()->is_wrapped_number() << 2)));
     // Which earlier argument, if any, shares this storage.
     const void* storage = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
     int shared = -1;
@@ -236,9 +239,10 @@ std::optional<InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 
 // Calls whose CPU kernel returns other sizes or dtypes than the meta kernel
 // (which follows CUDA) says: batch norm keeps its saved statistics in the
-// input's reduced-precision dtype on the CPU (float32 on CUDA), and
-// _embedding_bag sizes its auxiliary outputs differently. They take the
-// synchronous path, which learns the outputs from the kernel itself.
+// input's reduced-precision dtype on the CPU (float32 on CUDA) and returns
+// none (empty tensors) in eval mode, and _embedding_bag sizes its auxiliary
+// outputs differently. They take the synchronous path, which learns the
+// outputs from the kernel itself.
 bool MetaDisagreesWithTheKernel(const c10::OperatorHandle& op,
                                 const std::vector<c10::IValue>& args) {
   const std::string& name = op.schema().name();
@@ -248,14 +252,38 @@ bool MetaDisagreesWithTheKernel(const c10::OperatorHandle& op,
       name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_no_update") {
     if (args.empty() || !args[0].isTensor()) return false;
     c10::ScalarType dtype = args[0].toTensor().scalar_type();
-    return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+    if (dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16) return true;
+    const auto& arguments = op.schema().arguments();
+    for (size_t i = 0; i < arguments.size() && i < args.size(); ++i) {
+      if (arguments[i].name() == "training" && args[i].isBool()) return !args[i].toBool();
+    }
+    return name == "aten::_native_batch_norm_legit_no_training" ||
+           name == "aten::_batch_norm_no_update";
   }
   return false;
 }
 
+// Whether an op's output shape depends on the data of this call. Advanced
+// indexing is tagged data-dependent because of boolean masks; with integer
+// indices its shape follows from the shapes alone.
+bool DataDependent(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  if (!op.hasTag(at::Tag::dynamic_output_shape)) return false;
+  if (op.schema().name() != "aten::index") return true;
+  bool mask = false;
+  for (const c10::IValue& a : args) {
+    if (!a.isList()) continue;
+    for (const c10::IValue& e : a.toListRef()) {
+      if (!e.isTensor()) continue;
+      c10::ScalarType dtype = e.toTensor().scalar_type();
+      mask |= dtype == c10::ScalarType::Bool || dtype == c10::ScalarType::Byte;
+    }
+  }
+  return mask;
+}
+
 std::optional<InferredCall> InferOnMeta(const c10::OperatorHandle& op,
                                         const std::vector<c10::IValue>& args) {
-  if (!ReturnsOnlyTensors(op.schema()) || op.hasTag(at::Tag::dynamic_output_shape) ||
+  if (!ReturnsOnlyTensors(op.schema()) || DataDependent(op, args) ||
       MetaDisagreesWithTheKernel(op, args)) {
     return std::nullopt;
   }

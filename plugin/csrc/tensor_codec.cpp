@@ -15,6 +15,7 @@ void EncodeHostTensor(const at::Tensor& t, flagos::v1::HostTensor* out) {
   for (int64_t s : c.sizes()) out->add_sizes(s);
   out->set_dtype(static_cast<int32_t>(c.scalar_type()));
   out->set_data(static_cast<const char*>(c.const_data_ptr()), c.nbytes());
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) out->set_wrapped_number(true);
 }
 
 void EncodeTensor(const at::Tensor& t, flagos::v1::Value* out) {

@@ -47,17 +47,20 @@ def test_unknown_bad_command_kind_is_rejected_by_the_hook() -> None:
         torch_fl._C._test_bad_command("no_such_kind")
 
 
+# Shape errors come from the meta kernels that infer output shapes in the
+# client (some written in Python, worded differently from the CPU kernels);
+# what matters is that they are raised by the call itself, naming the sizes.
 def test_shape_mismatch_raises_at_the_call_site() -> None:
     a = torch.ones(3, device="flagos")
     b = torch.ones(4, device="flagos")
-    with pytest.raises(RuntimeError, match="must match the size"):
+    with pytest.raises(RuntimeError, match=r"must match the size|broadcast.*\[4\]"):
         torch.add(a, b)
     assert_daemon_still_serves()
 
 
 def test_matmul_shape_error_raises_at_the_call_site() -> None:
     a = torch.ones(2, 3, device="flagos")
-    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+    with pytest.raises(RuntimeError, match=r"cannot be multiplied|same reduction dim.*\[2, 3\]"):
         a @ a
     assert_daemon_still_serves()
 
