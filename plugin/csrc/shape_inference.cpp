@@ -241,12 +241,19 @@ std::optional<InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 // (which follows CUDA) says: batch norm keeps its saved statistics in the
 // input's reduced-precision dtype on the CPU (float32 on CUDA) and returns
 // none (empty tensors) in eval mode, and _embedding_bag sizes its auxiliary
-// outputs differently. They take the synchronous path, which learns the
+// outputs differently; layer and group norm keep their statistics in the
+// input's dtype too. They take the synchronous path, which learns the
 // outputs from the kernel itself.
 bool MetaDisagreesWithTheKernel(const c10::OperatorHandle& op,
                                 const std::vector<c10::IValue>& args) {
   const std::string& name = op.schema().name();
   if (name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only") return true;
+  if (name == "aten::native_layer_norm" || name == "aten::native_group_norm") {
+    // The saved statistics: the input's dtype on the CPU, float32 on CUDA.
+    if (args.empty() || !args[0].isTensor()) return false;
+    c10::ScalarType dtype = args[0].toTensor().scalar_type();
+    return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+  }
   if (name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
       name == "aten::_native_batch_norm_legit_no_training" ||
       name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_no_update") {

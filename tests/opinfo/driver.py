@@ -11,8 +11,10 @@ flagosd died too (or stopped answering), the driver restarts it if it started
 it. Without --endpoint the driver starts its own flagosd (build/bin/flagosd,
 or FLAGOS_DAEMON).
 
-With --only, just those entries run and their rows replace theirs in an
-existing --out file (to recheck a fix without a full sweep).
+Rows are appended to <out>.partial as entries finish (to watch a running
+sweep); --out is written, sorted, at the end. With --only, just those entries
+run and their rows replace theirs in an existing --out file (to recheck a fix
+without a full sweep). --max-samples 0 runs every sample.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +43,8 @@ from results import (  # noqa: E402
     BACKWARD,
     CRASH,
     FORWARD,
+    PASS,
+    SKIPPED_ON_CPU,
     TIMEOUT,
     PairResult,
     read_results,
@@ -61,6 +66,10 @@ class WorkerDied(Exception):
 
 class WorkerHung(Exception):
     pass
+
+
+class DaemonGone(Exception):
+    """flagosd died (or stopped accepting connections) while a worker was using it."""
 
 
 # ------------------------------------------------------------------ flagosd
@@ -96,19 +105,25 @@ def endpoint_answers(endpoint: str, timeout: float = 2.0) -> bool:
 
 
 class DaemonHandle:
-    """The flagosd the workers use: one this driver started (and may restart), or an external one."""
+    """The flagosd the workers use: one this driver started (and may restart), or an external one.
 
-    def __init__(self, endpoint: str | None, device_memory: str = "4GiB") -> None:
+    A daemon it starts listens in a temporary directory (socket paths are
+    short-limited); at stop() its logs move to `log_dir` (when given) and the
+    directory goes.
+    """
+
+    def __init__(self, endpoint: str | None, log_dir: Path | None = None, device_memory: str = "4GiB") -> None:
         self._daemon: Any = None
-        self._workdir: str | None = None
+        self._workdir: Path | None = None
+        self._log_dir = log_dir
         self.restarts = 0
         if endpoint:
             self.endpoint = endpoint
             return
         conftest = _python_conftest()
-        self._workdir = tempfile.mkdtemp(prefix="flagos-opinfo.")
+        self._workdir = Path(tempfile.mkdtemp(prefix="flagos-opinfo."))
         self._daemon = conftest.Daemon(
-            conftest.flagosd_path(), Path(self._workdir), cpu_devices=2, device_memory=device_memory
+            conftest.flagosd_path(), self._workdir, cpu_devices=2, device_memory=device_memory
         )
         self._daemon.start()
         self.endpoint = self._daemon.endpoint
@@ -141,13 +156,18 @@ class DaemonHandle:
         self._daemon.start()
 
     def stop(self) -> int | None:
+        """Stops a daemon this driver started (its exit code; None if it had to be killed)."""
         if self._daemon is None:
             return 0
-        return self._daemon.stop()
-
-    @property
-    def log_dir(self) -> str | None:
-        return self._workdir
+        code = self._daemon.stop()
+        assert self._workdir is not None
+        if self._log_dir is not None:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            for log in self._workdir.glob("flagosd*.log"):
+                shutil.move(str(log), self._log_dir / log.name)
+        shutil.rmtree(self._workdir, ignore_errors=True)
+        self._daemon = None
+        return code
 
 
 def signal_name(returncode: int | None) -> str:
@@ -241,12 +261,11 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        for stream in (self.proc.stdin,):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:  # a dead worker's pipe
+                pass
         os.close(self._events)
         self._log.close()
 
@@ -330,9 +349,10 @@ class Sweeper:
                     "max_samples": self.max_samples,
                 })
                 worker.mark_log()
-                timeout = STARTUP_TIMEOUT_S
+                deadline = time.monotonic() + STARTUP_TIMEOUT_S
                 while True:
-                    event = worker.event(timeout)
+                    # The limit is per (entry, dtype), from its "begin": progress events do not extend it.
+                    event = worker.event(max(0.0, deadline - time.monotonic()))
                     kind = event["event"]
                     if kind == "plan":
                         remaining = [(d, bool(b)) for d, b in event["dtypes"]]
@@ -341,38 +361,41 @@ class Sweeper:
                         current = next(p for p in remaining if p[0] == event["dtype"])
                         phase = "setup"
                         worker.mark_log()
-                        timeout = self.timeout
+                        deadline = time.monotonic() + self.timeout
                     elif kind == "phase":
                         phase = f"{event['phase']} of sample {event['sample']}"
                     elif kind in (FORWARD, BACKWARD):
                         assert remaining is not None and current is not None
-                        results.append(PairResult(entry, event["dtype"], kind, *event["outcome"]))
+                        row = PairResult(entry, event["dtype"], kind, *event["outcome"])
+                        if row.verdict not in (PASS, SKIPPED_ON_CPU) and not self.daemon.alive():
+                            raise DaemonGone()  # the failure is the daemon's death, not the operator's
+                        results.append(row)
                         if kind == BACKWARD or not current[1]:
                             remaining.remove(current)
                             current = None
                     elif kind == "done":
                         return results
-            except (WorkerDied, WorkerHung) as failure:
-                hung = isinstance(failure, WorkerHung)
-                if hung:
-                    message = f"no result within {self.timeout:g} s (during {phase})"
+            except (WorkerDied, WorkerHung, DaemonGone) as failure:
+                verdict = TIMEOUT if isinstance(failure, WorkerHung) else CRASH
+                if isinstance(failure, WorkerHung):
+                    # Without the sample index: how far a hung pair got depends on the machine's load.
+                    message = f"no result within {self.timeout:g} s (during {phase.split(' of ')[0]})"
+                elif isinstance(failure, DaemonGone):
+                    message = f"{self.daemon.describe_death()} during {phase}"
                 else:
                     detail = crash_detail(worker.log_since_mark())
                     message = f"worker died ({signal_name(worker.proc.returncode)}) during {phase}"
                     if detail:
                         message += f": {detail}"
                 daemon_news = self._recover()
-                if daemon_news:
+                if daemon_news and not isinstance(failure, DaemonGone):
                     message = f"{daemon_news}; {message}"
                 if current is None:
                     # Before any dtype began (the plan itself failed): the entry as a whole.
-                    verdict = TIMEOUT if hung else CRASH
                     results.append(PairResult(entry, "-", FORWARD, verdict, message))
                     return results
                 dtype, backward = current
-                verdict = TIMEOUT if hung else CRASH
-                forward_known = any(r.dtype == dtype and r.direction == FORWARD for r in results)
-                if not forward_known:
+                if not any(r.dtype == dtype and r.direction == FORWARD for r in results):
                     results.append(PairResult(entry, dtype, FORWARD, verdict, message))
                 if backward:
                     results.append(PairResult(entry, dtype, BACKWARD, verdict, message))
@@ -385,12 +408,17 @@ def sweep(
     sweeper: Sweeper,
     entries: Iterable[str],
     on_entry: Callable[[int, int, str, list[PairResult]], None] | None = None,
+    partial: Path | None = None,
 ) -> list[PairResult]:
+    """Runs the entries in order; appends each entry's rows to `partial` (if given) as they come."""
     entries = list(entries)
     results: list[PairResult] = []
     for i, entry in enumerate(entries):
         rows = sweeper.run_entry(entry)
         results.extend(rows)
+        if partial is not None:
+            with open(partial, "a") as f:
+                f.writelines(r.to_json() + "\n" for r in rows)
         if on_entry:
             on_entry(i, len(entries), entry, rows)
     return results
@@ -418,8 +446,10 @@ def main() -> None:
     args = parser.parse_args()
 
     log_dir = args.log_dir or args.out.parent / "logs"
+    # SIGTERM unwinds like Ctrl-C, so that the worker and the daemon are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
-    daemon = DaemonHandle(args.endpoint)
+    daemon = DaemonHandle(args.endpoint, log_dir)
     sweeper = Sweeper(daemon, log_dir, args.max_samples, args.timeout)
     try:
         known = sweeper.entries()
@@ -432,17 +462,22 @@ def main() -> None:
             entries = known
         print(f"sweeping {len(entries)} OpInfo entries, at most {args.max_samples} samples per "
               f"(entry, dtype), {args.timeout:g} s limit each, flagosd at {daemon.endpoint}", flush=True)
-        results = sweep(sweeper, entries, _print_entry)
+        partial = args.out.with_name(args.out.name + ".partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.unlink(missing_ok=True)
+        results = sweep(sweeper, entries, _print_entry, partial)
     finally:
         sweeper.close()
+        owned = daemon.owned
         code = daemon.stop()
-        if daemon.owned and daemon.log_dir:
-            print(f"flagosd logs in {daemon.log_dir} (stop: {signal_name(code)})", flush=True)
+        if owned:
+            print(f"flagosd stopped ({signal_name(code)}); logs in {log_dir}", flush=True)
 
     if args.only and args.out.exists():
         rerun = set(entries)
         results = [r for r in read_results(args.out) if r.entry not in rerun] + results
     write_results(args.out, results)
+    partial.unlink(missing_ok=True)
     print(f"wrote {len(results)} results to {args.out}; wall time {time.monotonic() - started:.0f} s",
           flush=True)
 

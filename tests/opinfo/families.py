@@ -6,6 +6,9 @@ Torch-free: entries are named by their entry key (`name` or
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 # Entries whose values are random or uninitialised: flagos draws its own
 # random numbers (docs/usage.md), so only shapes and dtypes are compared.
 RANDOM_ENTRIES: frozenset[str] = frozenset(
@@ -48,6 +51,25 @@ RANDOM_ENTRIES: frozenset[str] = frozenset(
 
 def is_random(entry: str) -> bool:
     return entry in RANDOM_ENTRIES
+
+
+def is_random_sample(entry: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether this sample of a (mostly deterministic) entry draws random numbers: attention with dropout."""
+    if entry in RANDOM_ENTRIES:
+        return True
+    if entry == "nn.functional.scaled_dot_product_attention":
+        return bool(kwargs.get("dropout_p", 0.0))
+    if entry == "nn.functional.multi_head_attention_forward":
+        # multi_head_attention_forward(query, key, value, ..., add_zero_attn, dropout_p, ...): args start at key.
+        return bool(kwargs.get("training", True)) and len(args) > 9 and bool(args[9])
+    return False
+
+
+# Sample arguments (by position in sample.args) that must stay on the CPU
+# because the operator requires a CPU tensor there.
+CPU_ARGS: dict[str, frozenset[int]] = {
+    "tensor_split": frozenset({0}),  # tensor_indices_or_sections
+}
 
 
 # The CI subset (tests/opinfo/test_opinfo_subset.py), by family. Entries that

@@ -33,7 +33,7 @@ from torch.testing._internal.common_methods_invocations import (
 from torch.testing._internal.opinfo.core import DecorateInfo, OpInfo, SampleInput
 
 import torch_fl  # noqa: F401  registers the device "flagos"
-from families import is_random
+from families import CPU_ARGS, is_random_sample
 from results import (
     BACKWARD,
     BLOCKED,
@@ -148,10 +148,13 @@ class Copier:
             return {k: self.value(x) for k, x in v.items()}
         return v
 
-    def sample(self, s: SampleInput) -> SampleInput:
+    def sample(self, s: SampleInput, entry: str = "") -> SampleInput:
+        """A copy of the sample on the device; positional args in CPU_ARGS[entry] stay CPU tensors."""
+        keep = CPU_ARGS.get(entry, frozenset())
+        cpu = Copier("cpu") if keep else self
         return SampleInput(
             self.value(s.input),
-            args=self.value(s.args),
+            args=tuple((cpu if i in keep else self).value(a) for i, a in enumerate(s.args)),
             kwargs=self.value(s.kwargs),
             output_process_fn_grad=s.output_process_fn_grad,
             broadcasts_input=s.broadcasts_input,
@@ -316,6 +319,7 @@ class Ran:
     cpu_out: Any
     fl_in: SampleInput | None
     fl_out: Any
+    random: bool  # compare shapes and dtypes only
 
 
 def run_pair(
@@ -328,18 +332,19 @@ def run_pair(
 ) -> tuple[Outcome, Outcome | None]:
     """(forward, backward) outcomes of `op` at `dtype_name`; backward None when not compared.
 
-    All samples' forwards run first (on_forward gets their outcome as soon as
-    it is known, so that a crash in a backward does not lose it), then the
-    backwards.
+    The first `max_samples` samples run (all when it is 0). All samples'
+    forwards run first (on_forward gets their outcome as soon as it is known,
+    so that a crash in a backward does not lose it), then the backwards.
     """
     dtype = DTYPES[dtype_name]
-    random = is_random(entry_key(op.name, op.variant_test_name))
+    entry = entry_key(op.name, op.variant_test_name)
     tol = tolerances(op, dtype)
     fwd, bwd = Tally(), Tally()
 
     torch.manual_seed(SAMPLE_SEED)
     try:
-        samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=backward), max_samples))
+        generator = op.sample_inputs("cpu", dtype, requires_grad=backward)
+        samples = list(itertools.islice(generator, max_samples if max_samples > 0 else None))
     except Exception as e:  # the CPU-side sample generator itself
         message = f"sample_inputs raised {describe(e)}"
         skipped = Outcome(SKIPPED_ON_CPU, message)
@@ -352,7 +357,8 @@ def run_pair(
         prefix = f"sample {index}: "
         if progress:
             progress(index, FORWARD)
-        cpu_in = Copier("cpu").sample(sample)
+        random = is_random_sample(entry, sample.args, sample.kwargs)
+        cpu_in = Copier("cpu").sample(sample, entry)
         try:
             cpu_out = op(cpu_in.input, *cpu_in.args, **cpu_in.kwargs)
             cpu_cmp = to_cpu(sample.output_process_fn_grad(cpu_out))
@@ -362,7 +368,7 @@ def run_pair(
             continue
         fl_in: SampleInput | None = None
         try:
-            fl_in = Copier(DEVICE).sample(sample)
+            fl_in = Copier(DEVICE).sample(sample, entry)
             fl_out = op(fl_in.input, *fl_in.args, **fl_in.kwargs)
             fl_cmp = sample.output_process_fn_grad(to_cpu(fl_out))
             synchronize()
@@ -372,7 +378,7 @@ def run_pair(
         else:
             diff = mismatch(fl_cmp, cpu_cmp, random=random, tol=tol)
             fwd.add(WRONG, prefix + diff) if diff else fwd.add(PASS, "")
-        ran.append((index, Ran(sample, cpu_in, cpu_out, fl_in, fl_out)))
+        ran.append((index, Ran(sample, cpu_in, cpu_out, fl_in, fl_out, random)))
     forward = fwd.result()
     if on_forward:
         on_forward(forward)
@@ -403,9 +409,7 @@ def run_pair(
         if fl_grads is None:
             bwd.add(WRONG, prefix + "flagos outputs are not differentiable")
             continue
-        diff = mismatch(fl_grads, to_cpu(cpu_grads), random=random, tol=tol)
+        diff = mismatch(fl_grads, to_cpu(cpu_grads), random=r.random, tol=tol)
         bwd.add(WRONG, prefix + diff) if diff else bwd.add(PASS, "")
     return forward, bwd.result()
 
-
-__all__ = ["all_entries", "plan", "run_pair", "DtypePlan", "Outcome"]

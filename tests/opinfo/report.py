@@ -28,6 +28,7 @@ from results import (  # noqa: E402
     PASS,
     SEVERITY,
     SKIPPED_ON_CPU,
+    WRONG,
     PairResult,
     read_results,
 )
@@ -82,12 +83,24 @@ def root_cause(message: str) -> str:
     return text.strip()[:200]
 
 
+_VALUES_DIFFER = re.compile(r"Mismatched elements|^Expected .* but got |Scalars are not (close|equal)")
+
+
+def cause_of(r: PairResult) -> str:
+    """The group of a row: its normalised message; value mismatches by direction and dtype instead
+    (their numbers say nothing about the cause)."""
+    message = re.sub(r"^sample \d+: ", "", r.message)
+    if r.verdict == WRONG and _VALUES_DIFFER.search(message):
+        return f"values differ from the CPU ({r.direction}, {r.dtype})"
+    return root_cause(message)
+
+
 def root_causes(results: Sequence[PairResult]) -> list[tuple[str, str, list[PairResult]]]:
     """(verdict, cause, rows) for every non-PASS, non-skipped row, largest group first."""
     groups: dict[tuple[str, str], list[PairResult]] = defaultdict(list)
     for r in results:
         if r.verdict not in (PASS, SKIPPED_ON_CPU):
-            groups[(r.verdict, root_cause(r.message))].append(r)
+            groups[(r.verdict, cause_of(r))].append(r)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), SEVERITY.index(kv[0][0]), kv[0][1]))
     return [(verdict, cause, rows) for (verdict, cause), rows in ordered]
 

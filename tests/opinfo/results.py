@@ -21,7 +21,6 @@ BLOCKED = "BLOCKED"  # backward only: not run because the forward failed on flag
 
 # Worst first: the verdict of a pair is the worst of its samples' verdicts.
 SEVERITY: tuple[str, ...] = (CRASH, TIMEOUT, ERROR, WRONG, BLOCKED, PASS, SKIPPED_ON_CPU)
-ALL_VERDICTS: tuple[str, ...] = SEVERITY
 
 FORWARD = "forward"
 BACKWARD = "backward"
