@@ -356,6 +356,10 @@ class Sweeper:
                     kind = event["event"]
                     if kind == "plan":
                         remaining = [(d, bool(b)) for d, b in event["dtypes"]]
+                        if not remaining and not results:
+                            supported = ", ".join(event["supported"]) or "nothing"
+                            results.append(PairResult(entry, "-", FORWARD, SKIPPED_ON_CPU,
+                                                      f"none of the sweep's dtypes (the CPU supports: {supported})"))
                     elif kind == "begin":
                         assert remaining is not None
                         current = next(p for p in remaining if p[0] == event["dtype"])

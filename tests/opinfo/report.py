@@ -198,17 +198,25 @@ def markdown(results: Sequence[PairResult], *, command: str, max_samples: int, t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--results", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the markdown page here")
     parser.add_argument("--command", default="scripts/op-sweep", help="the command named in the page")
     parser.add_argument("--max-samples", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--commit", help="the commit the results are of (default: the tree's now)")
+    parser.add_argument("--print-commit", action="store_true",
+                        help="print the tree's commit (with +dirty) and exit: to take it before a sweep")
     args = parser.parse_args()
+    if args.print_commit:
+        print(git_commit(exclude=[MARKDOWN]))
+        return
 
+    if args.results is None:
+        parser.error("--results is required")
     results = list(read_results(args.results))
     if args.markdown:
         text = markdown(results, command=args.command, max_samples=args.max_samples, timeout=args.timeout,
-                        commit=git_commit(exclude=[MARKDOWN]), torch=torch_version())
+                        commit=args.commit or git_commit(exclude=[MARKDOWN]), torch=torch_version())
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)
         print(f"wrote {args.markdown}")

@@ -10,7 +10,8 @@ descriptor N (stdout and stderr are left to torch, which may print there):
     {"cmd": "ping"}
         -> {"event": "pong"}   (after a tiny operator ran on every flagos device)
     {"cmd": "run", "entry": key, "dtypes": [name, ...] | null, "max_samples": 8}
-        -> {"event": "plan", "dtypes": [[name, backward], ...]}   (the dtypes it will run)
+        -> {"event": "plan", "dtypes": [[name, backward], ...], "supported": [name, ...]}
+           (the dtypes it will run; all the entry supports on the CPU)
            per dtype: {"event": "begin", "dtype": name}
                       {"event": "phase", "dtype": name, "sample": i, "phase": "forward"|"backward"}
                       {"event": "forward", "dtype": name, "outcome": [verdict, message]}
@@ -52,7 +53,8 @@ def run(events: Events, entries: dict[str, Any], request: dict[str, Any]) -> Non
     op = entries[request["entry"]]
     wanted = request.get("dtypes")
     dtype_plan = [p for p in harness.plan(op) if wanted is None or p.dtype in wanted]
-    events.send("plan", dtypes=[[p.dtype, p.backward] for p in dtype_plan])
+    supported = sorted(str(d).removeprefix("torch.") for d in op.supported_dtypes("cpu"))
+    events.send("plan", dtypes=[[p.dtype, p.backward] for p in dtype_plan], supported=supported)
     for p in dtype_plan:
         events.send("begin", dtype=p.dtype)
 
