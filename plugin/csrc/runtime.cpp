@@ -51,7 +51,6 @@ flagos::client::Connection& Session() {
   }
   auto connection = flagos::client::Connection::Open(s.endpoint, kConnectTimeout, "torch_fl");
   if (!connection.ok()) {
-    std::string endpoint = s.endpoint;
     s.endpoint.clear();  // resolve again next time (a private daemon may be restarted)
     TORCH_CHECK(false, std::string(connection.status().message()));
   }
@@ -73,9 +72,7 @@ void CloseSession() {
     State().closed = true;
     connection = std::move(State().connection);
   }
-  if (connection) connection->Close();
-  // The connection object is leaked on purpose only if Close hangs; it does
-  // not: Close is bounded.
+  if (connection) connection->Close();  // bounded: see Connection::Close
 }
 
 int DeviceCountNoThrow() {
