@@ -13,9 +13,7 @@
 namespace torch_fl {
 namespace {
 
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
-bool IsFlagos(const at::Tensor& t) { return t.device().type() == kFlagos; }
 
 // A tensor whose elements fill exactly [first element, first + nbytes) of its
 // storage in some order, so its bytes move as one contiguous block.

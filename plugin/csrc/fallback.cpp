@@ -33,9 +33,7 @@
 namespace torch_fl {
 namespace {
 
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
-bool IsFlagos(const at::Tensor& t) { return t.defined() && t.device().type() == kFlagos; }
 
 template <typename F>
 void ForEachTensor(const c10::IValue& v, F&& f) {

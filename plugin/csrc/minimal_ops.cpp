@@ -22,7 +22,6 @@
 
 namespace torch_fl {
 
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 
 void ResizeStorageBytes(const c10::Storage& storage, size_t nbytes) {
   if (nbytes == storage.nbytes()) return;

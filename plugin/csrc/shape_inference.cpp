@@ -12,14 +12,13 @@
 #include <unordered_map>
 
 #include "op_schema.h"
+#include "tensor_codec.h"
 
 namespace torch_fl {
 namespace {
 
-constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 constexpr size_t kMaxCacheEntries = 1 << 14;
 
-bool IsFlagos(const at::Tensor& t) { return t.defined() && t.device().type() == kFlagos; }
 
 // Mirrors flagos (and non-scalar CPU) tensors as meta tensors; tensors that
 // share a storage get meta tensors that share one.
@@ -244,22 +243,24 @@ std::optional<InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 // outputs differently; layer and group norm keep their statistics in the
 // input's dtype too. They take the synchronous path, which learns the
 // outputs from the kernel itself.
+bool FirstArgumentInReducedPrecision(const std::vector<c10::IValue>& args) {
+  if (args.empty() || !args[0].isTensor()) return false;
+  c10::ScalarType dtype = args[0].toTensor().scalar_type();
+  return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+}
+
 bool MetaDisagreesWithTheKernel(const c10::OperatorHandle& op,
                                 const std::vector<c10::IValue>& args) {
   const std::string& name = op.schema().name();
   if (name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only") return true;
   if (name == "aten::native_layer_norm" || name == "aten::native_group_norm") {
     // The saved statistics: the input's dtype on the CPU, float32 on CUDA.
-    if (args.empty() || !args[0].isTensor()) return false;
-    c10::ScalarType dtype = args[0].toTensor().scalar_type();
-    return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+    return FirstArgumentInReducedPrecision(args);
   }
   if (name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
       name == "aten::_native_batch_norm_legit_no_training" ||
       name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_no_update") {
-    if (args.empty() || !args[0].isTensor()) return false;
-    c10::ScalarType dtype = args[0].toTensor().scalar_type();
-    if (dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16) return true;
+    if (FirstArgumentInReducedPrecision(args)) return true;
     const auto& arguments = op.schema().arguments();
     for (size_t i = 0; i < arguments.size() && i < args.size(); ++i) {
       if (arguments[i].name() == "training" && args[i].isBool()) return !args[i].toBool();

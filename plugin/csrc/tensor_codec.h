@@ -13,6 +13,11 @@
 
 namespace torch_fl {
 
+inline constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
+
+// A defined tensor on a flagos device.
+inline bool IsFlagos(const at::Tensor& t) { return t.defined() && t.device().type() == kFlagos; }
+
 // The device address of element 0 of `t`'s storage (0 for empty storage).
 uint64_t StorageAddr(const at::Tensor& t);
 // The device address of `t`'s first element.

@@ -209,6 +209,18 @@ def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, device: str,
     return losses
 
 
+def assert_resumes_like_cpu(trained: dict, model: nn.Module,
+                            optimizer: torch.optim.Optimizer) -> None:
+    """Training `model` on flagos from the checkpointed state continues exactly
+    as training the CPU model that wrote the checkpoint."""
+    cpu_model = copy.deepcopy(trained["cpu_model"])
+    cpu_opt = adam(cpu_model)
+    cpu_opt.load_state_dict(trained["cpu_opt"].state_dict())
+    expected = train_steps(cpu_model, cpu_opt, "cpu", STEPS)
+    got = train_steps(model, optimizer, FL, STEPS)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-4, atol=0.0)
+
+
 def adam(model: nn.Module) -> torch.optim.Optimizer:
     # eps 1e-5: see test_models.py (the attention's key bias has a zero gradient)
     return torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-5)
@@ -273,12 +285,7 @@ def test_resumed_training_on_flagos_matches_cpu(trained: dict, tmp_path: Path) -
         for key, value in state.items():
             if key != "step":
                 assert value.device.type == FL, key
-    cpu_model = copy.deepcopy(trained["cpu_model"])
-    cpu_opt = adam(cpu_model)
-    cpu_opt.load_state_dict(trained["cpu_opt"].state_dict())
-    expected = train_steps(cpu_model, cpu_opt, "cpu", STEPS)
-    got = train_steps(model, optimizer, FL, STEPS)
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-4, atol=0.0)
+    assert_resumes_like_cpu(trained, model, optimizer)
 
 
 def test_cpu_optimizer_checkpoint_into_flagos_optimizer(trained: dict, tmp_path: Path) -> None:
@@ -297,9 +304,4 @@ def test_cpu_optimizer_checkpoint_into_flagos_optimizer(trained: dict, tmp_path:
             if key != "step":
                 assert value.device.type == FL, (index, key)
                 assert torch.equal(value.cpu(), ckpt["optim"]["state"][index][key]), (index, key)
-    cpu_model = copy.deepcopy(trained["cpu_model"])
-    cpu_opt = adam(cpu_model)
-    cpu_opt.load_state_dict(trained["cpu_opt"].state_dict())
-    expected = train_steps(cpu_model, cpu_opt, "cpu", STEPS)
-    got = train_steps(model, optimizer, FL, STEPS)
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-4, atol=0.0)
+    assert_resumes_like_cpu(trained, model, optimizer)
