@@ -178,6 +178,13 @@ absl::string_view CommandKindName(const v1::Command& command) {
     case v1::Command::kCopyDeviceToDevice: return "copy_device_to_device";
     case v1::Command::kMemset: return "memset";
     case v1::Command::kSync: return "sync";
+    case v1::Command::kRecordEvent: return "record_event";
+    case v1::Command::kWaitEvent: return "wait_event";
+    case v1::Command::kQueryEvent: return "query_event";
+    case v1::Command::kSynchronizeEvent: return "synchronize_event";
+    case v1::Command::kElapsedTime: return "elapsed_time";
+    case v1::Command::kDestroyEvent: return "destroy_event";
+    case v1::Command::kQueryStream: return "query_stream";
     case v1::Command::KIND_NOT_SET: return "empty";
   }
   return "unknown";

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "logging.h"
@@ -108,8 +109,11 @@ grpc::Status FlagosService::Session(
 
   // Completions come from this thread and from the session's queue workers.
   absl::Mutex write_mu;
-  auto write = [&write_mu, stream](const v1::ServerMessage& reply) {
+  // Set once the session exists; counts what the stream carries.
+  daemon::Session* counted = nullptr;
+  auto write = [&write_mu, &counted, stream](const v1::ServerMessage& reply) {
     absl::MutexLock lock(&write_mu);
+    if (counted != nullptr) counted->CountStreamBytes(0, reply.ByteSizeLong());
     return stream->Write(reply);
   };
   auto session = std::make_shared<daemon::Session>(
@@ -121,12 +125,23 @@ grpc::Status FlagosService::Session(
   registry_.Attach(*id, session);
   LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '", open.client(),
                        "', peer ", context->peer(), ")"));
+  {
+    absl::MutexLock lock(&write_mu);
+    counted = session.get();
+  }
   v1::ServerMessage opened;
   opened.mutable_opened()->set_session_id(*id);
+  // Same-node (unix socket) clients may move tensor bytes through shared
+  // memory; TCP clients send them inline.
+  if (!staging_socket_.empty() && absl::StartsWith(context->peer(), "unix:")) {
+    opened.mutable_opened()->set_staging_socket(staging_socket_);
+    opened.mutable_opened()->set_staging_token(session->staging_token());
+  }
   write(opened);
 
   grpc::Status end = grpc::Status::OK;
   while (stream->Read(&message)) {
+    session->CountStreamBytes(message.ByteSizeLong(), 0);
     if (message.has_batch()) {
       if (absl::Status s = session->HandleBatch(message.mutable_batch()); !s.ok()) {
         end = ToGrpc(s);

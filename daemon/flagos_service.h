@@ -23,6 +23,10 @@ class FlagosService final : public v1::Flagos::Service {
   FlagosService(const Backend* backend, SessionRegistry* registry)
       : backend_(*backend), registry_(*registry) {}
 
+  // The staging socket offered to sessions opened over a unix socket (empty:
+  // none). Call before the server starts.
+  void set_staging_socket(std::string path) { staging_socket_ = std::move(path); }
+
   grpc::Status Negotiate(grpc::ServerContext* context, const v1::NegotiateRequest* request,
                          v1::NegotiateResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
@@ -40,6 +44,7 @@ class FlagosService final : public v1::Flagos::Service {
 
   const Backend& backend_;
   SessionRegistry& registry_;
+  std::string staging_socket_;
 };
 
 }  // namespace flagos::daemon

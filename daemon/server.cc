@@ -13,6 +13,7 @@
 #include "flagos_service.h"
 #include "logging.h"
 #include "session_registry.h"
+#include "staging_listener.h"
 
 namespace flagos::daemon {
 
@@ -37,6 +38,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   server->registry_ = std::make_unique<SessionRegistry>(options.max_sessions);
   server->service_ = std::make_unique<FlagosService>(backend, server->registry_.get());
+  for (const ListenEndpoint& endpoint : server->listen_) {
+    if (endpoint.unix_path.empty()) continue;
+    absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(
+        absl::StrCat(endpoint.unix_path, ".staging"), endpoint.mode, server->registry_.get());
+    if (!staging.ok()) return staging.status();
+    server->staging_ = *std::move(staging);
+    server->service_->set_staging_socket(server->staging_->path());
+    break;
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -73,6 +83,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   return server;
 }
 
+std::string Server::staging_socket() const {
+  return staging_ == nullptr ? std::string() : staging_->path();
+}
+
 Server::~Server() {
   Shutdown(absl::ZeroDuration());
   Wait();
@@ -88,6 +102,7 @@ void Server::Wait() {
   if (server_ == nullptr || waited_) return;
   server_->Wait();
   waited_ = true;
+  if (staging_ != nullptr) staging_->Stop();
   for (const ListenEndpoint& endpoint : listen_) {
     if (!endpoint.unix_path.empty()) unlink(endpoint.unix_path.c_str());
   }

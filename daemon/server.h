@@ -23,6 +23,7 @@ namespace flagos::daemon {
 
 class FlagosService;
 class SessionRegistry;
+class StagingListener;
 
 // The largest gRPC message flagosd sends or accepts.
 inline constexpr int kMaxMessageBytes = 256 << 20;
@@ -41,6 +42,9 @@ class Server {
   // Shutdown(zero grace) and Wait().
   ~Server();
 
+  // The staging socket's path; empty when there is none.
+  std::string staging_socket() const;
+
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
@@ -57,6 +61,8 @@ class Server {
   Server();
 
   std::unique_ptr<SessionRegistry> registry_;
+  // Next to the first unix endpoint; none when flagosd listens on TCP only.
+  std::unique_ptr<StagingListener> staging_;
   std::unique_ptr<FlagosService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<ListenEndpoint> listen_;

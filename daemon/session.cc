@@ -1,5 +1,10 @@
 #include "session.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 #include <exception>
 #include <string>
 #include <vector>
@@ -7,6 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "command_validation.h"
 #include "logging.h"
 
@@ -26,6 +33,25 @@ absl::string_view CodeName(absl::StatusCode code) {
   }
 }
 
+// A random secret for the staging attach (SessionOpened.staging_token).
+std::string NewToken() {
+  std::string token(16, '\0');
+  size_t filled = 0;
+  while (filled < token.size()) {
+    const ssize_t n = getrandom(token.data() + filled, token.size() - filled, 0);
+    if (n > 0) filled += static_cast<size_t>(n);
+  }
+  return token;
+}
+
+// Compares without stopping at the first difference.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
 }  // namespace
 
 Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply)
@@ -34,7 +60,8 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
       client_(open.client()),
       backend_(backend),
       reply_(std::move(reply)),
-      ops_(OpRunner::Create(backend)) {}
+      ops_(OpRunner::Create(backend)),
+      staging_token_(NewToken()) {}
 
 Session::~Session() { Close(); }
 
@@ -42,12 +69,68 @@ v1::SessionInfo Session::Info() const {
   v1::SessionInfo info;
   info.set_id(id_);
   info.set_pid(pid_);
-  info.set_uid(0);  // peer credentials are not available through gRPC
+  // Known once the client attached its staging region (the staging
+  // socket's peer credentials); gRPC does not expose them.
+  info.set_uid(static_cast<uint32_t>(std::max<int64_t>(uid_.load(std::memory_order_relaxed), 0)));
   info.set_client(client_);
   info.set_segment_bytes(segments_.total_bytes());
   info.set_segments(segments_.size());
   info.set_commands(commands_.load(std::memory_order_relaxed));
+  info.set_stream_bytes_received(stream_bytes_received_.load(std::memory_order_relaxed));
+  info.set_stream_bytes_sent(stream_bytes_sent_.load(std::memory_order_relaxed));
+  info.set_staged_bytes(staged_bytes_.load(std::memory_order_relaxed));
+  {
+    absl::MutexLock lock(&staging_mu_);
+    info.set_staging_attached(staging_ != nullptr);
+  }
   return info;
+}
+
+absl::Status Session::AttachStaging(const v1::StagingAttach& attach, int fd, int64_t uid) {
+  if (!SameSecret(attach.token(), staging_token_)) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the staging attach for session ", id_,
+        " carries the wrong token; only the process that opened the session may attach"));
+  }
+  {
+    absl::MutexLock lock(&staging_mu_);
+    if (staging_ != nullptr) {
+      close(fd);
+      return absl::AlreadyExistsError(
+          absl::StrCat("session ", id_, " already has a staging region"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<StagingRegion>> region = StagingRegion::Map(fd, attach);
+  if (!region.ok()) return region.status();
+  absl::MutexLock lock(&staging_mu_);
+  if (staging_ != nullptr) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("session ", id_, " already has a staging region"));
+  }
+  staging_ = *std::move(region);
+  if (uid >= 0) uid_.store(uid, std::memory_order_relaxed);
+  LogInfo(absl::StrCat("session ", id_, " (pid ", pid_, "): staging region of ",
+                       staging_->data_bytes(), " bytes attached"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<StagingRegion>> Session::Staging(
+    const v1::Command& command) const {
+  absl::MutexLock lock(&staging_mu_);
+  if (staging_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "command ", command.seq(), " (", CommandKindName(command),
+        ") names staged bytes but the session has no staging region; attach one first (or send "
+        "the bytes inline)"));
+  }
+  return staging_;
+}
+
+void Session::ReleaseStagedUpload(const v1::Command& command) {
+  if (!command.has_copy_to_device() || !command.copy_to_device().has_staged()) return;
+  absl::MutexLock lock(&staging_mu_);
+  if (staging_ != nullptr) staging_->Release(command.copy_to_device().staged().offset());
 }
 
 absl::Status Session::HandleBatch(v1::CommandBatch* batch) {
@@ -104,6 +187,10 @@ void Session::Dispatch(v1::Command command) {
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
       return ScheduleFree(seq, command.device(), command.free().addr());
     case v1::Command::kSync: {
+      if (command.sync().stream_only()) {
+        if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+        return SyncStream(command);
+      }
       if (command.device() >= device_count) return ReplyError(seq, kind, check_device());
       AfterQueuedCommands(command.device(), [this, seq] {
         v1::Completion completion;
@@ -123,8 +210,29 @@ void Session::Dispatch(v1::Command command) {
     case v1::Command::kCopyToDevice:
     case v1::Command::kCopyFromDevice:
     case v1::Command::kMemset:
-      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      if (absl::Status s = check_device(); !s.ok()) {
+        ReleaseStagedUpload(command);
+        return ReplyError(seq, kind, s);
+      }
       return Enqueue(std::move(command));
+    case v1::Command::kRecordEvent:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return RecordEvent(std::move(command));
+    case v1::Command::kWaitEvent:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return WaitEvent(std::move(command));
+    case v1::Command::kQueryStream:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return QueryStream(command);
+    // These name events only: their device and stream are not used.
+    case v1::Command::kQueryEvent:
+      return QueryEvent(command);
+    case v1::Command::kSynchronizeEvent:
+      return SynchronizeEvent(command);
+    case v1::Command::kElapsedTime:
+      return ElapsedTime(command);
+    case v1::Command::kDestroyEvent:
+      return DestroyEvent(command);
     case v1::Command::KIND_NOT_SET:
       return ReplyError(seq, kind,
                         absl::InvalidArgumentError(absl::StrCat(
@@ -210,7 +318,10 @@ absl::StatusOr<Session::StreamState*> Session::QueueFor(int device, uint64_t str
 
 void Session::Enqueue(v1::Command command) {
   absl::StatusOr<StreamState*> state = QueueFor(command.device(), command.stream());
-  if (!state.ok()) return ReplyError(command.seq(), CommandKindName(command), state.status());
+  if (!state.ok()) {
+    ReleaseStagedUpload(command);
+    return ReplyError(command.seq(), CommandKindName(command), state.status());
+  }
   const StreamHandle backend_stream = (*state)->backend_stream;
   // Upload bytes wait in memory until their queue runs them; past the limit
   // the reading thread stops reading, which backs the client off through
@@ -255,6 +366,347 @@ bool Session::WaitUntilReady(const bool& ready) {
   };
   gate_mu_.Await(absl::Condition(&ready_or_closing));
   return ready;
+}
+
+// ------------------------------------------------------------------ events
+
+namespace {
+
+// How long query_stream waits for a busy queue to become idle before it
+// answers "not ready".
+constexpr absl::Duration kQueryStreamSettle = absl::Milliseconds(1);
+
+absl::Status CheckEventId(uint64_t seq, absl::string_view kind, uint64_t event) {
+  if (event != 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "command ", seq, " (", kind, ") names event 0; event ids are minted by the client and > 0"));
+}
+
+v1::Completion Done(uint64_t seq) {
+  v1::Completion completion;
+  completion.set_seq(seq);
+  return completion;
+}
+
+}  // namespace
+
+Session::EventRecord::~EventRecord() {
+  if (handle == 0) return;
+  if (absl::Status s = runtime->DestroyEvent(device, handle); !s.ok()) {
+    LogWarning(absl::StrCat("destroying an event on ", DeviceName(device), " failed: ",
+                            s.message()));
+  }
+}
+
+// The task record_event puts on its stream queue. Dropped unrun (the
+// session closed), it abandons the record, which frees what waited for it.
+class Session::RecordTask {
+ public:
+  RecordTask(Session* session, uint64_t seq, std::shared_ptr<EventRecord> record,
+             StreamHandle backend_stream)
+      : session_(session), seq_(seq), record_(std::move(record)),
+        backend_stream_(backend_stream) {}
+  RecordTask(RecordTask&& other) noexcept = default;  // leaves other.record_ empty
+  RecordTask& operator=(RecordTask&&) = delete;
+  ~RecordTask() {
+    if (record_ != nullptr) session_->AbandonRecord(*record_);
+  }
+
+  void operator()() && {
+    std::shared_ptr<EventRecord> record = std::move(record_);
+    session_->IssueRecord(seq_, *record, backend_stream_);
+  }
+
+ private:
+  Session* session_;
+  uint64_t seq_;
+  std::shared_ptr<EventRecord> record_;
+  StreamHandle backend_stream_;
+};
+
+std::shared_ptr<Session::EventRecord> Session::LatestRecord(uint64_t event) const {
+  auto it = events_.find(event);
+  return it == events_.end() ? nullptr : it->second;
+}
+
+void Session::IssueRecord(uint64_t seq, EventRecord& record, StreamHandle backend_stream) {
+  DeviceRuntime& runtime = backend_.runtime();
+  EventHandle handle = 0;
+  absl::Status status;
+  try {
+    absl::StatusOr<EventHandle> created = runtime.CreateEvent(record.device, record.timing);
+    if (created.ok()) {
+      status = runtime.RecordEvent(record.device, *created, backend_stream);
+      if (status.ok()) {
+        handle = *created;
+      } else {
+        (void)runtime.DestroyEvent(record.device, *created);
+      }
+    } else {
+      status = created.status();
+    }
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("flagosd failed to record the event: ", e.what()));
+  }
+  std::vector<std::function<void()>> actions;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    record.handle = handle;
+    record.issued = true;
+    actions.swap(record.on_issued);
+  }
+  if (!status.ok()) ReplyError(seq, "record_event", status);
+  for (std::function<void()>& action : actions) action();
+}
+
+void Session::AbandonRecord(EventRecord& record) {
+  std::vector<std::function<void()>> actions;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    record.issued = true;
+    actions.swap(record.on_issued);
+  }
+  // `actions` (which may hold the last references to records) die here,
+  // outside the lock, unrun.
+}
+
+void Session::WhenIssued(const std::vector<std::shared_ptr<EventRecord>>& records,
+                         std::function<void()> action) {
+  struct Pending {
+    std::atomic<size_t> remaining;
+    std::function<void()> action;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->remaining.store(records.size() + 1);
+  pending->action = std::move(action);
+  const auto arrive = [pending] {
+    if (pending->remaining.fetch_sub(1) == 1) pending->action();
+  };
+  for (const std::shared_ptr<EventRecord>& record : records) {
+    bool issued;
+    {
+      absl::MutexLock lock(&gate_mu_);
+      issued = record->issued;
+      if (!issued) record->on_issued.push_back(arrive);
+    }
+    if (issued) arrive();
+  }
+  arrive();
+}
+
+void Session::RecordEvent(v1::Command command) {
+  const uint64_t seq = command.seq();
+  const uint64_t event = command.record_event().event();
+  if (absl::Status s = CheckEventId(seq, "record_event", event); !s.ok()) {
+    return ReplyError(seq, "record_event", s);
+  }
+  if (!events_.contains(event) && events_.size() >= kMaxEventsPerSession) {
+    return ReplyError(seq, "record_event",
+                      absl::ResourceExhaustedError(absl::StrCat(
+                          "command ", seq, " (record_event): the session already has ",
+                          events_.size(), " events, the most flagosd allows (",
+                          kMaxEventsPerSession, "); destroy events no longer needed")));
+  }
+  absl::StatusOr<StreamState*> state = QueueFor(command.device(), command.stream());
+  if (!state.ok()) return ReplyError(seq, "record_event", state.status());
+  auto record = std::make_shared<EventRecord>(&backend_.runtime(), command.device(),
+                                              command.record_event().enable_timing());
+  events_[event] = record;
+  (*state)->queue->Push(RecordTask(this, seq, std::move(record), (*state)->backend_stream));
+}
+
+void Session::WaitEvent(v1::Command command) {
+  const uint64_t seq = command.seq();
+  const uint64_t event = command.wait_event().event();
+  if (absl::Status s = CheckEventId(seq, "wait_event", event); !s.ok()) {
+    return ReplyError(seq, "wait_event", s);
+  }
+  std::shared_ptr<EventRecord> record = LatestRecord(event);
+  if (record == nullptr) return;  // never recorded: nothing to wait for
+  absl::StatusOr<StreamState*> state = QueueFor(command.device(), command.stream());
+  if (!state.ok()) return ReplyError(seq, "wait_event", state.status());
+  const int device = command.device();
+  const StreamHandle backend_stream = (*state)->backend_stream;
+  (*state)->queue->Push([this, seq, device, backend_stream, record = std::move(record)] {
+    if (!WaitUntilReady(record->issued)) return;  // the session is closing
+    if (record->handle == 0) return;  // the record failed; reported then
+    // Issued: the backend orders the rest (same device), or this worker
+    // waits for the record to complete (another device).
+    DeviceRuntime& runtime = backend_.runtime();
+    absl::Status s = record->device == device
+                         ? runtime.StreamWaitEvent(device, backend_stream, record->handle)
+                         : runtime.SynchronizeEvent(record->device, record->handle);
+    if (!s.ok()) ReplyError(seq, "wait_event", s);
+  });
+}
+
+void Session::QueryEvent(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  const uint64_t event = command.query_event().event();
+  if (absl::Status s = CheckEventId(seq, "query_event", event); !s.ok()) {
+    return ReplyError(seq, "query_event", s);
+  }
+  bool ready = true;  // an event never recorded counts as complete
+  if (std::shared_ptr<EventRecord> record = LatestRecord(event)) {
+    bool issued;
+    EventHandle handle;
+    {
+      absl::MutexLock lock(&gate_mu_);
+      issued = record->issued;
+      handle = record->handle;
+    }
+    if (!issued) {
+      ready = false;
+    } else if (handle != 0) {
+      absl::StatusOr<bool> done = backend_.runtime().QueryEvent(record->device, handle);
+      if (!done.ok()) return ReplyError(seq, "query_event", done.status());
+      ready = *done;
+    }
+  }
+  v1::Completion completion = Done(seq);
+  completion.set_ready(ready);
+  reply_(std::move(completion));
+}
+
+void Session::SynchronizeEvent(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  const uint64_t event = command.synchronize_event().event();
+  if (absl::Status s = CheckEventId(seq, "synchronize_event", event); !s.ok()) {
+    return ReplyError(seq, "synchronize_event", s);
+  }
+  std::shared_ptr<EventRecord> record = LatestRecord(event);
+  if (record == nullptr) return reply_(Done(seq));
+  WhenIssued({record}, [this, seq, record] {
+    if (record->handle != 0) {
+      absl::Status s = backend_.runtime().SynchronizeEvent(record->device, record->handle);
+      if (!s.ok()) return ReplyError(seq, "synchronize_event", s);
+    }
+    reply_(Done(seq));
+  });
+}
+
+void Session::ElapsedTime(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  const v1::ElapsedTime& request = command.elapsed_time();
+  std::shared_ptr<EventRecord> records[2];
+  const uint64_t ids[2] = {request.start(), request.end()};
+  for (int i = 0; i < 2; ++i) {
+    if (absl::Status s = CheckEventId(seq, "elapsed_time", ids[i]); !s.ok()) {
+      return ReplyError(seq, "elapsed_time", s);
+    }
+    records[i] = LatestRecord(ids[i]);
+    if (records[i] == nullptr) {
+      return ReplyError(seq, "elapsed_time",
+                        absl::NotFoundError(absl::StrCat(
+                            "command ", seq, " (elapsed_time): event ", ids[i],
+                            " has not been recorded (or was destroyed); record both events "
+                            "before asking for the time between them")));
+    }
+    if (!records[i]->timing) {
+      return ReplyError(seq, "elapsed_time",
+                        absl::FailedPreconditionError(absl::StrCat(
+                            "command ", seq, " (elapsed_time): event ", ids[i],
+                            " was recorded without timing; create both events with "
+                            "enable_timing=True to measure the time between them")));
+    }
+  }
+  if (records[0]->device != records[1]->device) {
+    return ReplyError(seq, "elapsed_time",
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "command ", seq, " (elapsed_time): the events were recorded on ",
+                          DeviceName(records[0]->device), " and ",
+                          DeviceName(records[1]->device),
+                          "; elapsed time is measured between events of one device")));
+  }
+  std::shared_ptr<EventRecord> start = records[0];
+  std::shared_ptr<EventRecord> end = records[1];
+  WhenIssued({start, end}, [this, seq, start, end] {
+    if (start->handle == 0 || end->handle == 0) {
+      return ReplyError(seq, "elapsed_time",
+                        absl::FailedPreconditionError(absl::StrCat(
+                            "command ", seq,
+                            " (elapsed_time): recording one of the events failed (reported "
+                            "with its record_event)")));
+    }
+    absl::StatusOr<float> ms =
+        backend_.runtime().ElapsedTime(start->device, start->handle, end->handle);
+    if (!ms.ok()) return ReplyError(seq, "elapsed_time", ms.status());
+    v1::Completion completion = Done(seq);
+    completion.set_elapsed_ms(*ms);
+    reply_(std::move(completion));
+  });
+}
+
+void Session::DestroyEvent(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  const uint64_t event = command.destroy_event().event();
+  if (absl::Status s = CheckEventId(seq, "destroy_event", event); !s.ok()) {
+    return ReplyError(seq, "destroy_event", s);
+  }
+  // Commands that wait for the latest record hold it; the backend event
+  // goes when the last of them is done.
+  if (events_.erase(event) == 0) {
+    ReplyError(seq, "destroy_event",
+               absl::NotFoundError(absl::StrCat("command ", seq, " (destroy_event): event ",
+                                                event,
+                                                " does not exist (never recorded, or destroyed "
+                                                "already)")));
+  }
+}
+
+void Session::QueryStream(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  StreamQueue* queue = nullptr;
+  StreamHandle backend_stream = 0;
+  {
+    absl::MutexLock lock(&queues_mu_);
+    auto it = queues_.find({command.device(), command.stream()});
+    if (it != queues_.end()) {
+      queue = it->second->queue.get();
+      backend_stream = it->second->backend_stream;
+    }
+  }
+  bool ready = true;  // a stream never used has no work
+  if (queue != nullptr) {
+    // A task that has replied (the sync or copy the client just saw
+    // complete) may still be returning: give the queue a moment to settle
+    // before calling it busy, so that a query right after a synchronisation
+    // says ready.
+    const absl::Time settle_deadline = absl::Now() + kQueryStreamSettle;
+    while (queue->pending() != 0 && absl::Now() < settle_deadline) {
+      absl::SleepFor(absl::Microseconds(20));
+    }
+    ready = queue->pending() == 0;
+    if (ready) {
+      absl::StatusOr<bool> done = backend_.runtime().QueryStream(command.device(), backend_stream);
+      if (!done.ok()) return ReplyError(seq, "query_stream", done.status());
+      ready = *done;
+    }
+  }
+  v1::Completion completion = Done(seq);
+  completion.set_ready(ready);
+  reply_(std::move(completion));
+}
+
+void Session::SyncStream(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  const int device = command.device();
+  StreamQueue* queue = nullptr;
+  StreamHandle backend_stream = 0;
+  {
+    absl::MutexLock lock(&queues_mu_);
+    auto it = queues_.find({device, command.stream()});
+    if (it != queues_.end()) {
+      queue = it->second->queue.get();
+      backend_stream = it->second->backend_stream;
+    }
+  }
+  if (queue == nullptr) return reply_(Done(seq));
+  queue->Push([this, seq, device, backend_stream] {
+    absl::Status s = backend_.runtime().SynchronizeStream(device, backend_stream);
+    if (!s.ok()) return ReplyError(seq, "sync", s);
+    reply_(Done(seq));
+  });
 }
 
 void Session::AfterQueuedCommands(int device, std::function<void()> action) {
@@ -322,6 +774,23 @@ absl::Status Session::ExecuteLocked(const v1::Command& command, StreamHandle bac
     }
     case v1::Command::kCopyToDevice: {
       const v1::CopyToDevice& copy = command.copy_to_device();
+      if (copy.has_staged()) {
+        // The chunk is the client's again once this command is over,
+        // whatever its outcome.
+        absl::StatusOr<std::shared_ptr<StagingRegion>> region = Staging(command);
+        if (!region.ok()) return region.status();
+        struct ReleaseChunk {
+          StagingRegion& region;
+          uint64_t offset;
+          ~ReleaseChunk() { region.Release(offset); }
+        } release{**region, copy.staged().offset()};
+        const uint64_t nbytes = copy.staged().nbytes();
+        absl::StatusOr<char*> bytes = (*region)->Bytes(copy.staged().offset(), nbytes);
+        if (!bytes.ok()) return bytes.status();
+        if (absl::Status s = CheckRange(command, device, copy.addr(), nbytes); !s.ok()) return s;
+        staged_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
+        return runtime.CopyHostToDevice(device, backend_stream, copy.addr(), *bytes, nbytes);
+      }
       if (absl::Status s = CheckRange(command, device, copy.addr(), copy.data().size()); !s.ok()) {
         return s;
       }
@@ -338,6 +807,21 @@ absl::Status Session::ExecuteLocked(const v1::Command& command, StreamHandle bac
       }
       if (absl::Status s = CheckRange(command, device, copy.addr(), copy.nbytes()); !s.ok()) {
         return s;
+      }
+      *reply = true;
+      if (copy.has_staged()) {
+        if (copy.staged().nbytes() != copy.nbytes()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "command ", command.seq(), " (copy_from_device): copies ", copy.nbytes(),
+              " bytes into a staged range of ", copy.staged().nbytes(), " bytes"));
+        }
+        absl::StatusOr<std::shared_ptr<StagingRegion>> region = Staging(command);
+        if (!region.ok()) return region.status();
+        absl::StatusOr<char*> bytes = (*region)->Bytes(copy.staged().offset(), copy.nbytes());
+        if (!bytes.ok()) return bytes.status();
+        staged_bytes_.fetch_add(copy.nbytes(), std::memory_order_relaxed);
+        return runtime.CopyDeviceToHost(device, backend_stream, *bytes, copy.addr(),
+                                        copy.nbytes());
       }
       std::string data(copy.nbytes(), '\0');
       if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, data.data(),
@@ -405,6 +889,9 @@ Session::CloseSummary Session::Close() {
     queues.swap(queues_);
   }
   for (auto& [key, state] : queues) state->queue->Stop();
+  // Every record task has run or was dropped: releasing the table destroys
+  // the backend events.
+  events_.clear();
   for (auto& [key, state] : queues) {
     if (state->backend_stream != 0) {
       if (absl::Status s = backend_.runtime().DestroyStream(state->device, state->backend_stream);

@@ -9,14 +9,22 @@
 //     executed; sync replies once every earlier command on its device (all
 //     devices when device < 0) has executed;
 //   - copy_device_to_device from another device runs on the destination's
-//     queue once every earlier command on the source device has executed.
+//     queue once every earlier command on the source device has executed;
+//   - record_event goes to its stream's queue; wait_event captures the
+//     event's latest record and its stream's queue waits for that record;
+//     query_event and query_stream answer at once, destroy_event forgets
+//     the event at once (waiting commands keep its record);
+//     synchronize_event and elapsed_time reply once their records are done;
+//     sync with stream_only replies after every earlier command on its
+//     (device, stream).
 // Every address is checked against this session's segments when the
 // command executes; commands that execute hold the session's memory lock
 // shared, a free holds it exclusively, so memory is never unmapped under a
 // running command. Errors become Completions carrying the command's seq.
 //
 // Close() ends the session: pending commands are dropped, queues joined,
-// backend streams destroyed and every segment freed. Nothing outlives it.
+// backend events and streams destroyed and every segment freed. Nothing
+// outlives it.
 //
 // Thread safety: HandleBatch and Close are called by the session's reading
 // thread only; Info and the accessors may be called from any thread. The
@@ -31,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -40,6 +49,7 @@
 #include "flagos/v1/flagos.pb.h"
 #include "op_runner.h"
 #include "segment_table.h"
+#include "staging_region.h"
 #include "stream_queue.h"
 
 namespace flagos::daemon {
@@ -50,6 +60,8 @@ inline constexpr int kMaxStreamsPerSession = 64;
 // Bytes of copy_to_device data a session may have queued and not yet
 // executed; beyond it the session stops reading until its queues catch up.
 inline constexpr uint64_t kMaxQueuedPayloadBytes = 512ull << 20;
+// Events (client-minted ids) one session may have live at once.
+inline constexpr size_t kMaxEventsPerSession = 1u << 18;
 
 class Session {
  public:
@@ -84,6 +96,21 @@ class Session {
   uint64_t device_bytes(int device) const { return segments_.device_bytes(device); }
   v1::SessionInfo Info() const;
 
+  // The secret that proves an attaching process owns this session: sent
+  // only on the session's own stream (SessionOpened.staging_token).
+  const std::string& staging_token() const { return staging_token_; }
+  // Maps the client's staging region (StagingListener, any thread): checks
+  // the token, then the layout (StagingRegion::Map). Closes `fd`. `uid` is
+  // the attaching process's uid from the socket's peer credentials (-1 when
+  // unknown). ALREADY_EXISTS when a region is attached already.
+  absl::Status AttachStaging(const v1::StagingAttach& attach, int fd, int64_t uid);
+  // Bytes of messages received from / sent to the client on the session
+  // stream (called by the service).
+  void CountStreamBytes(uint64_t received, uint64_t sent) {
+    stream_bytes_received_.fetch_add(received, std::memory_order_relaxed);
+    stream_bytes_sent_.fetch_add(sent, std::memory_order_relaxed);
+  }
+
  private:
   struct StreamState {
     int device = 0;
@@ -101,6 +128,11 @@ class Session {
   absl::Status ExecuteLocked(const v1::Command& command, StreamHandle backend_stream,
                              v1::Completion* completion, bool* reply)
       ABSL_SHARED_LOCKS_REQUIRED(memory_mu_);
+  // The attached staging region; FAILED_PRECONDITION naming the command
+  // when there is none.
+  absl::StatusOr<std::shared_ptr<StagingRegion>> Staging(const v1::Command& command) const;
+  // Frees the staging chunk of a staged copy_to_device that will not run.
+  void ReleaseStagedUpload(const v1::Command& command);
   // OK when [addr, addr + nbytes) lies inside one segment of `device`.
   absl::Status CheckRange(const v1::Command& command, int device, uint64_t addr,
                           uint64_t nbytes) const;
@@ -111,6 +143,51 @@ class Session {
   // nothing is queued, else on the worker that finishes last.
   void AfterQueuedCommands(int device, std::function<void()> action);
   void ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // ---- events and stream queries (flagos.proto RecordEvent ... QueryStream).
+  // One record_event makes one EventRecord; an event id names its latest
+  // record. The record's task on its stream queue creates and records the
+  // backend event, then marks the record issued and runs what waited for
+  // it. With the CPU backend an issued record has completed.
+  struct EventRecord {
+    EventRecord(DeviceRuntime* runtime, int device, bool timing)
+        : runtime(runtime), device(device), timing(timing) {}
+    ~EventRecord();  // destroys the backend event
+    EventRecord(const EventRecord&) = delete;
+    EventRecord& operator=(const EventRecord&) = delete;
+
+    DeviceRuntime* const runtime;
+    const int device;
+    const bool timing;
+    // Guarded by gate_mu_; `handle` is written once, before `issued`.
+    bool issued = false;
+    EventHandle handle = 0;  // 0: the backend record failed (reported then)
+    std::vector<std::function<void()>> on_issued;
+  };
+  class RecordTask;
+  // Reading thread.
+  void RecordEvent(v1::Command command);
+  void WaitEvent(v1::Command command);
+  void QueryEvent(const v1::Command& command);
+  void SynchronizeEvent(const v1::Command& command);
+  void ElapsedTime(const v1::Command& command);
+  void DestroyEvent(const v1::Command& command);
+  void QueryStream(const v1::Command& command);
+  void SyncStream(const v1::Command& command);
+  // The latest record of `event`; nullptr when it was never recorded (or
+  // destroyed since).
+  std::shared_ptr<EventRecord> LatestRecord(uint64_t event) const;
+  // Runs `action` once every record is issued: now, in the calling thread,
+  // when they all are, else on the worker issuing the last one. Dropped
+  // unrun when the session closes first.
+  void WhenIssued(const std::vector<std::shared_ptr<EventRecord>>& records,
+                  std::function<void()> action);
+  // Worker: creates and records the backend event of `record` on
+  // `backend_stream`, then marks it issued and runs its on_issued actions.
+  void IssueRecord(uint64_t seq, EventRecord& record, StreamHandle backend_stream);
+  // Marks a record whose task will never run issued (without a backend
+  // event) and drops its on_issued actions.
+  void AbandonRecord(EventRecord& record);
+
   // Blocks a queue worker until `ready` (guarded by gate_mu_) or the
   // session closes; returns `ready`.
   bool WaitUntilReady(const bool& ready);
@@ -129,6 +206,14 @@ class Session {
   bool closed_ = false;
 
   std::atomic<uint64_t> commands_{0};
+  std::atomic<uint64_t> stream_bytes_received_{0};
+  std::atomic<uint64_t> stream_bytes_sent_{0};
+  std::atomic<uint64_t> staged_bytes_{0};
+  std::atomic<int64_t> uid_{-1};
+  const std::string staging_token_;
+  // Set once by AttachStaging; commands take a reference while they use it.
+  mutable absl::Mutex staging_mu_;
+  std::shared_ptr<StagingRegion> staging_ ABSL_GUARDED_BY(staging_mu_);
   SegmentTable segments_;  // internally synchronised
 
   // Held shared while a command uses device memory, exclusively to free it.
@@ -143,6 +228,9 @@ class Session {
 
   absl::Mutex gate_mu_;
   bool closing_ ABSL_GUARDED_BY(gate_mu_) = false;
+
+  // Event id → its latest record. Reading thread only.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<EventRecord>> events_;
 
   // Frees scheduled and not yet executed (allocate waits for them before it
   // reports out-of-memory).

@@ -42,6 +42,12 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::Snapshot() const {
   return sessions;
 }
 
+std::shared_ptr<Session> SessionRegistry::Find(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.session;
+}
+
 uint64_t SessionRegistry::sessions_total() const {
   absl::MutexLock lock(&mu_);
   return next_id_ - 1;

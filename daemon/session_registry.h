@@ -35,6 +35,8 @@ class SessionRegistry {
   // Drops the session; after this `cancel` is never called.
   void Remove(uint64_t id);
 
+  // The live session `id`, or null.
+  std::shared_ptr<Session> Find(uint64_t id) const;
   // The live sessions, by id.
   std::vector<std::shared_ptr<Session>> Snapshot() const;
   // Sessions admitted since start.

@@ -55,14 +55,15 @@ void PrintTable(const std::string& endpoint, const flagos::v1::GetStatsResponse&
                 d.name().c_str(), Bytes(d.used_memory()).c_str(), Bytes(d.total_memory()).c_str(),
                 percent);
   }
-  std::printf("\n%-8s %-8s %-6s %-20s %9s %12s %12s\n", "SESSION", "PID", "UID", "CLIENT",
-              "SEGMENTS", "MEMORY", "COMMANDS");
+  std::printf("\n%-8s %-8s %-6s %-20s %9s %12s %12s %8s %12s\n", "SESSION", "PID", "UID",
+              "CLIENT", "SEGMENTS", "MEMORY", "COMMANDS", "STAGING", "STAGED");
   if (stats.sessions().empty()) std::printf("(none)\n");
   for (const auto& s : stats.sessions()) {
-    std::printf("%-8llu %-8lld %-6u %-20s %9llu %12s %12llu\n",
+    std::printf("%-8llu %-8lld %-6u %-20s %9llu %12s %12llu %8s %12s\n",
                 static_cast<unsigned long long>(s.id()), static_cast<long long>(s.pid()), s.uid(),
                 s.client().c_str(), static_cast<unsigned long long>(s.segments()),
-                Bytes(s.segment_bytes()).c_str(), static_cast<unsigned long long>(s.commands()));
+                Bytes(s.segment_bytes()).c_str(), static_cast<unsigned long long>(s.commands()),
+                s.staging_attached() ? "shm" : "inline", Bytes(s.staged_bytes()).c_str());
   }
 }
 

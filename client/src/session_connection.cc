@@ -2,8 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "status_codes.h"
 #include "unary_calls.h"
@@ -14,6 +19,14 @@ namespace {
 // How long Close waits for the daemon to end the session before cancelling.
 constexpr absl::Duration kCloseGrace = absl::Seconds(2);
 constexpr absl::Duration kStatsTimeout = absl::Seconds(5);
+constexpr absl::Duration kAttachTimeout = absl::Seconds(2);
+// Empty idle-flush periods before the flusher sleeps until woken.
+constexpr int kIdleFlushTicks = 20;
+
+void LogOnce(const std::string& message) {
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true)) fprintf(stderr, "%s\n", message.c_str());
+}
 
 // Whether the daemon answers `command` even when it succeeds (flagos.proto,
 // Completion).
@@ -22,6 +35,10 @@ bool OwesReply(const v1::Command& command) {
     case v1::Command::kAllocate:
     case v1::Command::kCopyFromDevice:
     case v1::Command::kSync:
+    case v1::Command::kQueryEvent:
+    case v1::Command::kSynchronizeEvent:
+    case v1::Command::kElapsedTime:
+    case v1::Command::kQueryStream:
       return true;
     case v1::Command::kOp:
       return command.op().want_values();
@@ -40,8 +57,11 @@ v1::Command SyncMarker(int device) {
 }  // namespace
 
 SessionConnection::SessionConnection(std::string endpoint, std::unique_ptr<v1::Flagos::Stub> stub,
-                                     v1::NegotiateResponse info)
-    : endpoint_(std::move(endpoint)), stub_(std::move(stub)), info_(std::move(info)) {}
+                                     v1::NegotiateResponse info, ConnectionOptions options)
+    : endpoint_(std::move(endpoint)),
+      stub_(std::move(stub)),
+      info_(std::move(info)),
+      options_(options) {}
 
 SessionConnection::~SessionConnection() { Close(); }
 
@@ -69,7 +89,19 @@ absl::Status SessionConnection::OpenSession(const std::string& client_name, absl
         " answered Negotiate but did not open the session in time: it may be overloaded or hung; "
         "check its log or restart it"));
   }
-  if (opened_) return absl::OkStatus();
+  if (opened_) {
+    const std::string socket = staging_socket_;
+    const std::string token = staging_token_;
+    mu_.Unlock();
+    if (!socket.empty() && options_.staging) {
+      AttachStaging(socket, token, absl::Now() + kAttachTimeout);
+    }
+    if (options_.idle_flush != absl::InfiniteDuration()) {
+      flusher_ = std::thread(&SessionConnection::FlushLoop, this);
+    }
+    mu_.Lock();
+    return absl::OkStatus();
+  }
   // The stream ended before `opened`: the daemon refused the session.
   const absl::StatusCode code = end_cause_.ok() ? absl::StatusCode::kUnavailable
                                                 : AbslCode(end_cause_.error_code());
@@ -95,6 +127,8 @@ void SessionConnection::ReadLoop(v1::ClientMessage open) {
       if (message.has_opened() && !opened_) {
         opened_ = true;
         session_id_ = message.opened().session_id();
+        staging_socket_ = message.opened().staging_socket();
+        staging_token_ = message.opened().staging_token();
       }
       for (v1::Completion& completion : *message.mutable_completions()) {
         DeliverLocked(&completion);
@@ -129,11 +163,82 @@ void SessionConnection::DeliverLocked(v1::Completion* completion) {
                                                  : completion->message()));
 }
 
+void SessionConnection::AttachStaging(const std::string& socket, const std::string& token,
+                                      absl::Time deadline) {
+  absl::StatusOr<std::unique_ptr<StagingRegion>> region =
+      StagingRegion::Create(kStagingBytes, kStagingSlotBytes);
+  absl::Status status = region.status();
+  if (status.ok()) status = (*region)->Attach(socket, session_id(), token, deadline);
+  if (!status.ok()) {
+    LogOnce(absl::StrCat("flagos: no shared staging region with flagosd at ", endpoint_, " (",
+                         status.message(), "); tensor bytes travel inside the session stream"));
+    return;
+  }
+  staging_ = *std::move(region);
+}
+
+void SessionConnection::FlushLoop() {
+  int empty_ticks = 0;
+  while (true) {
+    bool pending;
+    uint64_t batch;
+    absl::Time since;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_ || !session_end_.ok()) return;
+      pending = pending_.commands_size() > 0;
+      batch = batches_sent_;
+      since = pending_since_;
+    }
+    if (!pending && ++empty_ticks > kIdleFlushTicks) {
+      // Nothing for a while: sleep until Enqueue starts a batch (it wakes
+      // this thread only when flusher_idle_ is set).
+      flusher_idle_.store(true);
+      {
+        absl::MutexLock lock(&mu_);
+        if (closing_ || !session_end_.ok() || pending_.commands_size() > 0) {
+          flusher_idle_.store(false);
+          continue;
+        }
+      }
+      absl::MutexLock lock(&flush_mu_);
+      flush_mu_.Await(absl::Condition(&flush_wake_));
+      flush_wake_ = false;
+      flusher_idle_.store(false);
+      empty_ticks = 0;
+      continue;
+    }
+    const absl::Time deadline =
+        pending ? since + options_.idle_flush : absl::Now() + options_.idle_flush;
+    {
+      absl::MutexLock lock(&flush_mu_);
+      flush_mu_.AwaitWithDeadline(absl::Condition(&flush_wake_), deadline);
+      flush_wake_ = false;
+    }
+    if (!pending) continue;
+    empty_ticks = 0;
+    absl::MutexLock write_lock(&write_mu_);
+    bool send;
+    {
+      absl::MutexLock lock(&mu_);
+      send = batches_sent_ == batch && pending_.commands_size() > 0 && pending_since_ == since;
+    }
+    if (send) SendPendingLocked().IgnoreError();
+  }
+}
+
+void SessionConnection::WakeFlusher() {
+  absl::MutexLock lock(&flush_mu_);
+  flush_wake_ = true;
+}
+
 uint64_t SessionConnection::AppendLocked(v1::Command command, std::string describe) {
   const uint64_t seq = next_seq_++;
   command.set_seq(seq);
+  if (pending_.commands_size() == 0) pending_since_ = absl::Now();
   if (command.kind_case() == v1::Command::kCopyToDevice) {
     pending_bytes_ += command.copy_to_device().data().size();
+    pending_staged_bytes_ += command.copy_to_device().staged().nbytes();
   }
   descriptions_.Record(seq, std::move(describe));
   pending_.mutable_commands()->Add(std::move(command));
@@ -141,7 +246,8 @@ uint64_t SessionConnection::AppendLocked(v1::Command command, std::string descri
 }
 
 bool SessionConnection::BatchFullLocked() const {
-  return pending_.commands_size() >= kMaxBatchCommands || pending_bytes_ >= kMaxBatchBytes;
+  return pending_.commands_size() >= kMaxBatchCommands || pending_bytes_ >= kMaxBatchBytes ||
+         pending_staged_bytes_ >= kMaxBatchStagedBytes;
 }
 
 absl::Status SessionConnection::SendPendingLocked() {
@@ -150,6 +256,8 @@ absl::Status SessionConnection::SendPendingLocked() {
     if (!session_end_.ok() || pending_.commands_size() == 0) return session_end_;
     outgoing_.mutable_batch()->Swap(&pending_);
     pending_bytes_ = 0;
+    pending_staged_bytes_ = 0;
+    ++batches_sent_;
   }
   // Between Finish (reader thread) and session_end_ being set.
   const bool sendable = !stream_ended_ && !writes_done_;
@@ -169,6 +277,7 @@ uint64_t SessionConnection::Enqueue(v1::Command command, std::string describe) {
     seq = AppendLocked(std::move(command), std::move(describe));
     full = BatchFullLocked();
   }
+  if (!full && flusher_idle_.load()) WakeFlusher();
   if (full) {
     absl::MutexLock write_lock(&write_mu_);
     // A broken stream is reported by the next synchronous call.
@@ -177,9 +286,8 @@ uint64_t SessionConnection::Enqueue(v1::Command command, std::string describe) {
   return seq;
 }
 
-absl::StatusOr<v1::Completion> SessionConnection::Call(v1::Command command,
-                                                       std::string describe) {
-  CompletionWaiters::Slot slot;
+absl::StatusOr<uint64_t> SessionConnection::Submit(v1::Command command, std::string describe) {
+  auto slot = std::make_unique<CompletionWaiters::Slot>();
   uint64_t seq;
   {
     absl::MutexLock lock(&mu_);
@@ -193,32 +301,174 @@ absl::StatusOr<v1::Completion> SessionConnection::Call(v1::Command command,
     }
     // Registered before the batch leaves, so the answer cannot be missed.
     seq = AppendLocked(std::move(command), std::move(describe));
-    waiters_.Register(seq, &slot);
+    waiters_.Register(seq, slot.get());
+    submitted_.emplace(seq, std::move(slot));
   }
   {
     absl::MutexLock write_lock(&write_mu_);
-    // A failed write ends the stream, which ends the wait below.
+    // A failed write ends the stream, which ends the wait in Await.
     SendPendingLocked().IgnoreError();
   }
+  return seq;
+}
+
+absl::StatusOr<v1::Completion> SessionConnection::Await(uint64_t ticket) {
   absl::MutexLock lock(&mu_);
-  auto answered = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return slot.done || !session_end_.ok();
+  auto it = submitted_.find(ticket);
+  if (it == submitted_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flagos: ticket ", ticket, " was not submitted or was awaited already"));
+  }
+  CompletionWaiters::Slot* slot = it->second.get();
+  auto answered = [this, slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return slot->done || !session_end_.ok();
   };
   mu_.Await(absl::Condition(&answered));
-  if (!slot.done) {
-    waiters_.Unregister(seq);
+  // Other threads' Submits may have rehashed the table meanwhile.
+  it = submitted_.find(ticket);
+  std::unique_ptr<CompletionWaiters::Slot> owned = std::move(it->second);
+  submitted_.erase(it);
+  if (!owned->done) {
+    waiters_.Unregister(ticket);
     if (!async_error_.ok()) return TakeAsyncErrorLocked();
     return session_end_;
   }
   if (!async_error_.ok()) return TakeAsyncErrorLocked();
-  if (slot.completion.code() != 0) {
+  if (owned->completion.code() != 0) {
     return absl::Status(
-        AbslCode(slot.completion.code()),
-        absl::StrCat("flagos: ", descriptions_.Describe(seq), " failed: ",
-                     slot.completion.message().empty() ? CodeName(slot.completion.code())
-                                                       : slot.completion.message()));
+        AbslCode(owned->completion.code()),
+        absl::StrCat("flagos: ", descriptions_.Describe(ticket), " failed: ",
+                     owned->completion.message().empty() ? CodeName(owned->completion.code())
+                                                         : owned->completion.message()));
   }
-  return std::move(slot.completion);
+  return std::move(owned->completion);
+}
+
+absl::StatusOr<v1::Completion> SessionConnection::Call(v1::Command command,
+                                                       std::string describe) {
+  absl::StatusOr<uint64_t> ticket = Submit(std::move(command), std::move(describe));
+  if (!ticket.ok()) return ticket.status();
+  return Await(*ticket);
+}
+
+absl::StatusOr<StagingRegion::Chunk> SessionConnection::ClaimChunk(uint64_t nbytes) {
+  for (int attempt = 0;; ++attempt) {
+    if (std::optional<StagingRegion::Chunk> chunk = staging_->TryClaim(nbytes)) return *chunk;
+    // The ring is full of chunks the daemon has not consumed yet: make sure
+    // it has them, then back off (spin briefly, then sleep).
+    if (attempt == 0) {
+      if (absl::Status s = Flush(); !s.ok()) return s;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (absl::Status s = UnusableLocked(); !s.ok()) return s;
+    }
+    if (attempt < 64) {
+      sched_yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(std::min(20 * (attempt - 63), 500)));
+    }
+  }
+}
+
+absl::Status SessionConnection::Upload(int device, uint64_t stream, uint64_t addr,
+                                       const void* src, uint64_t nbytes,
+                                       const std::string& describe) {
+  const char* bytes = static_cast<const char*>(src);
+  for (uint64_t done = 0; done < nbytes;) {
+    v1::Command command;
+    command.set_device(device);
+    command.set_stream(stream);
+    v1::CopyToDevice* copy = command.mutable_copy_to_device();
+    copy->set_addr(addr + done);
+    uint64_t n;
+    if (staging_ != nullptr) {
+      n = std::min(nbytes - done, staging_->max_chunk());
+      absl::StatusOr<StagingRegion::Chunk> chunk = ClaimChunk(n);
+      if (!chunk.ok()) return chunk.status();
+      std::memcpy(chunk->data, bytes + done, n);
+      copy->mutable_staged()->set_offset(chunk->offset);
+      copy->mutable_staged()->set_nbytes(n);
+    } else {
+      n = std::min(nbytes - done, kMaxCopyChunk);
+      copy->set_data(bytes + done, n);
+    }
+    if (Enqueue(std::move(command), describe) == 0) {
+      absl::MutexLock lock(&mu_);
+      return UnusableLocked();
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst, uint64_t addr,
+                                         uint64_t nbytes, const std::string& describe) {
+  char* out = static_cast<char*>(dst);
+  struct InFlight {
+    uint64_t ticket;
+    StagingRegion::Chunk chunk;
+    uint64_t done;  // where its bytes go in `out`
+  };
+  std::deque<InFlight> in_flight;
+  absl::Status first_error;
+  // Waits for the oldest chunk, copies it out and frees it.
+  const auto finish_oldest = [&]() {
+    InFlight f = in_flight.front();
+    in_flight.pop_front();
+    absl::StatusOr<v1::Completion> completion = Await(f.ticket);
+    if (completion.ok() && first_error.ok()) std::memcpy(out + f.done, f.chunk.data, f.chunk.nbytes);
+    staging_->Release(f.chunk.offset);
+    if (!completion.ok() && first_error.ok()) first_error = completion.status();
+  };
+  for (uint64_t done = 0; done < nbytes && first_error.ok();) {
+    v1::Command command;
+    command.set_device(device);
+    command.set_stream(stream);
+    v1::CopyFromDevice* copy = command.mutable_copy_from_device();
+    copy->set_addr(addr + done);
+    if (staging_ == nullptr) {
+      const uint64_t n = std::min(nbytes - done, kMaxCopyChunk);
+      copy->set_nbytes(n);
+      absl::StatusOr<v1::Completion> completion = Call(std::move(command), describe);
+      if (!completion.ok()) return completion.status();
+      if (completion->data().size() != n) {
+        return absl::InternalError(absl::StrCat("flagos: flagosd returned ",
+                                                completion->data().size(),
+                                                " bytes for a copy of ", n, " bytes (", describe,
+                                                ")"));
+      }
+      std::memcpy(out + done, completion->data().data(), n);
+      done += n;
+      continue;
+    }
+    const uint64_t n = std::min(nbytes - done, staging_->max_chunk());
+    std::optional<StagingRegion::Chunk> chunk;
+    while (!(chunk = staging_->TryClaim(n)) && !in_flight.empty()) finish_oldest();
+    if (!chunk) {
+      absl::StatusOr<StagingRegion::Chunk> claimed = ClaimChunk(n);
+      if (!claimed.ok()) {
+        first_error = claimed.status();
+        break;
+      }
+      chunk = *claimed;
+    }
+    copy->set_nbytes(n);
+    copy->mutable_staged()->set_offset(chunk->offset);
+    copy->mutable_staged()->set_nbytes(n);
+    absl::StatusOr<uint64_t> ticket = Submit(std::move(command), describe);
+    if (!ticket.ok()) {
+      staging_->Release(chunk->offset);
+      first_error = ticket.status();
+      break;
+    }
+    in_flight.push_back({*ticket, *chunk, done});
+    done += n;
+  }
+  // Every submitted chunk is awaited before it is freed: the daemon may
+  // still be writing into it.
+  while (!in_flight.empty()) finish_oldest();
+  return first_error;
 }
 
 absl::Status SessionConnection::Flush() {
@@ -294,6 +544,8 @@ void SessionConnection::Close() {
   }
   watchdog.join();
   reader_.join();
+  WakeFlusher();
+  if (flusher_.joinable()) flusher_.join();
 }
 
 bool SessionConnection::closed() const {

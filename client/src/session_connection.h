@@ -12,12 +12,14 @@
 #ifndef FLAGOS_CLIENT_SRC_SESSION_CONNECTION_H_
 #define FLAGOS_CLIENT_SRC_SESSION_CONNECTION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -25,6 +27,7 @@
 #include "absl/time/time.h"
 #include "command_descriptions.h"
 #include "completion_waiters.h"
+#include "staging_region.h"
 #include "flagos/client/connection.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "flagos/v1/flagos.pb.h"
@@ -37,7 +40,7 @@ class SessionConnection final : public Connection {
  public:
   // `info` is the daemon's answer to Negotiate; the session is not open yet.
   SessionConnection(std::string endpoint, std::unique_ptr<v1::Flagos::Stub> stub,
-                    v1::NegotiateResponse info);
+                    v1::NegotiateResponse info, ConnectionOptions options);
   ~SessionConnection() override;
 
   SessionConnection(const SessionConnection&) = delete;
@@ -55,6 +58,13 @@ class SessionConnection final : public Connection {
 
   uint64_t Enqueue(v1::Command command, std::string describe) override;
   absl::StatusOr<v1::Completion> Call(v1::Command command, std::string describe) override;
+  absl::StatusOr<uint64_t> Submit(v1::Command command, std::string describe) override;
+  absl::StatusOr<v1::Completion> Await(uint64_t ticket) override;
+  absl::Status Upload(int device, uint64_t stream, uint64_t addr, const void* src,
+                      uint64_t nbytes, const std::string& describe) override;
+  absl::Status Download(int device, uint64_t stream, void* dst, uint64_t addr, uint64_t nbytes,
+                        const std::string& describe) override;
+  bool staging() const override { return staging_ != nullptr; }
   absl::Status Flush() override;
   absl::Status Synchronize(int device) override;
   absl::Status TakeAsyncError() override;
@@ -65,6 +75,15 @@ class SessionConnection final : public Connection {
  private:
   // The reader thread: writes `open`, then reads until the stream ends.
   void ReadLoop(v1::ClientMessage open);
+  // The idle-flush thread (see kIdleFlush).
+  void FlushLoop();
+  // Attaches a staging region when the daemon offers one (best effort: on
+  // failure bytes travel inline, and the reason is logged once).
+  void AttachStaging(const std::string& socket, const std::string& token, absl::Time deadline);
+  // A staging chunk of `nbytes`, waiting (flushing first) while the ring is
+  // full; UNAVAILABLE when the session ends meanwhile.
+  absl::StatusOr<StagingRegion::Chunk> ClaimChunk(uint64_t nbytes);
+  void WakeFlusher();
   // Handles one Completion from the daemon.
   void DeliverLocked(v1::Completion* completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Assigns the seq, records `describe`, appends to the pending batch.
@@ -84,11 +103,15 @@ class SessionConnection final : public Connection {
   const std::string endpoint_;
   const std::unique_ptr<v1::Flagos::Stub> stub_;
   const v1::NegotiateResponse info_;
+  const ConnectionOptions options_;
 
   // Set by OpenSession before the reader thread starts; constant afterwards.
   grpc::ClientContext context_;  // TryCancel is thread-safe
   std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
   std::thread reader_;
+  std::thread flusher_;
+  // Set by OpenSession when the daemon accepted the region; constant after.
+  std::unique_ptr<StagingRegion> staging_;
 
   absl::Mutex close_mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
   bool close_finished_ ABSL_GUARDED_BY(close_mu_) = false;
@@ -102,12 +125,27 @@ class SessionConnection final : public Connection {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   v1::CommandBatch pending_ ABSL_GUARDED_BY(mu_);
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pending_staged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Batches sent so far; the idle flusher sends a batch only if it is still
+  // the one it saw start.
+  uint64_t batches_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time pending_since_ ABSL_GUARDED_BY(mu_);
+  // Tickets of Submit, by seq.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<CompletionWaiters::Slot>> submitted_
+      ABSL_GUARDED_BY(mu_);
+  // The idle flusher sleeps on flush_mu_ (never on mu_, so that enqueueing
+  // stays cheap); flusher_idle_ says it waits for a first command.
+  absl::Mutex flush_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  bool flush_wake_ ABSL_GUARDED_BY(flush_mu_) = false;
+  std::atomic<bool> flusher_idle_{false};
   CommandDescriptions descriptions_ ABSL_GUARDED_BY(mu_);
   CompletionWaiters waiters_ ABSL_GUARDED_BY(mu_);
   absl::Status async_error_ ABSL_GUARDED_BY(mu_);  // the first one not yet taken
   int later_async_errors_ ABSL_GUARDED_BY(mu_) = 0;
   bool opened_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string staging_socket_ ABSL_GUARDED_BY(mu_);  // from SessionOpened
+  std::string staging_token_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // Close was called
   // OK while the stream lives; once the reader thread is done, why it ended
   // (what callers see) and the gRPC status it ended with.

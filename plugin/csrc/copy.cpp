@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -13,7 +14,14 @@
 namespace torch_fl {
 namespace {
 
-
+// The id of the calling thread's current stream on `device` (what the
+// device guard reports), on which copies are ordered.
+uint64_t CurrentStreamOf(int device) {
+  const c10::impl::VirtualGuardImpl guard(c10::DeviceType::PrivateUse1);
+  return static_cast<uint64_t>(
+      guard.getStream(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)))
+          .id());
+}
 
 // A tensor whose elements fill exactly [first element, first + nbytes) of its
 // storage in some order, so its bytes move as one contiguous block.
@@ -102,36 +110,15 @@ void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
 }  // namespace
 
 void UploadBytes(int device, uint64_t addr, const void* data, uint64_t nbytes) {
-  const char* bytes = static_cast<const char*>(data);
-  for (uint64_t done = 0; done < nbytes;) {
-    uint64_t n = std::min(nbytes - done, flagos::client::kMaxCopyChunk);
-    flagos::v1::Command command;
-    command.set_device(device);
-    auto* copy = command.mutable_copy_to_device();
-    copy->set_addr(addr + done);
-    copy->set_data(bytes + done, n);
-    Enqueue(std::move(command), "copy host → flagos:" + std::to_string(device));
-    done += n;
-  }
+  ThrowIfError(Session().Upload(device, CurrentStreamOf(device), addr, data, nbytes,
+                                "copy host → flagos:" + std::to_string(device)));
+  // Debugging: the copy completes before the call returns.
+  if (LaunchBlocking()) Synchronize(device);
 }
 
 void DownloadBytes(int device, uint64_t addr, void* out, uint64_t nbytes) {
-  char* bytes = static_cast<char*>(out);
-  for (uint64_t done = 0; done < nbytes;) {
-    uint64_t n = std::min(nbytes - done, flagos::client::kMaxCopyChunk);
-    flagos::v1::Command command;
-    command.set_device(device);
-    auto* copy = command.mutable_copy_from_device();
-    copy->set_addr(addr + done);
-    copy->set_nbytes(n);
-    flagos::v1::Completion completion =
-        Call(std::move(command), "copy flagos:" + std::to_string(device) + " → host");
-    TORCH_CHECK(completion.data().size() == n, "flagos: the daemon returned ",
-                completion.data().size(), " bytes for a copy of ", n, " bytes from flagos:",
-                device);
-    std::memcpy(bytes + done, completion.data().data(), n);
-    done += n;
-  }
+  ThrowIfError(Session().Download(device, CurrentStreamOf(device), out, addr, nbytes,
+                                  "copy flagos:" + std::to_string(device) + " → host"));
 }
 
 void EnqueueDeviceCopy(const at::Tensor& dst, const at::Tensor& src) {

@@ -1,11 +1,15 @@
 #include "device_allocator.h"
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "runtime.h"
@@ -23,19 +27,30 @@ constexpr uint64_t kSegmentGranularity = 2ull << 20;
 
 uint64_t RoundUp(uint64_t n, uint64_t m) { return (n + m - 1) / m * m; }
 
+// A (device, stream) that used a block besides its own stream.
+using StreamUse = std::pair<int, uint64_t>;
+
 struct Block {
   uint64_t addr = 0;
   uint64_t size = 0;
   uint64_t segment = 0;  // address of the owning segment
+  uint64_t stream = 0;   // the segment's stream
   uint64_t requested = 0;
   bool free = true;
+  std::set<StreamUse> stream_uses;  // recordStream, while allocated
 };
 
+// A segment belongs to the stream that was current when it was allocated;
+// so do all its blocks.
 struct Segment {
   uint64_t addr = 0;
   uint64_t size = 0;
+  uint64_t stream = 0;
   uint64_t allocated_blocks = 0;
 };
+
+// (stream, size, addr): free blocks of one stream, smallest first.
+using FreeKey = std::tuple<uint64_t, uint64_t, uint64_t>;
 
 void StatAdd(Stat& stat, int64_t amount) {
   stat.current += amount;
@@ -50,7 +65,7 @@ void StatAdd(c10::CachingDeviceAllocator::StatArray& stats, int64_t amount) {
 
 struct DevicePool {
   std::map<uint64_t, Block> blocks;                        // by address
-  std::set<std::pair<uint64_t, uint64_t>> free_blocks;     // (size, addr)
+  std::set<FreeKey> free_blocks;
   std::map<uint64_t, Segment> segments;                    // by address
   DeviceStats stats;
 };
@@ -59,6 +74,7 @@ class Pools {
  public:
   c10::DataPtr Allocate(int device, size_t nbytes);
   void Free(void* ptr);
+  void RecordStream(void* ptr, c10::Stream stream);
   void EmptyCache();
   int DeviceOf(const void* ptr);
   DeviceStats Stats(int device);
@@ -67,8 +83,15 @@ class Pools {
 
  private:
   DevicePool& Pool(int device);
-  // REQUIRES: mu_ held. Returns the address of a block of exactly `size`.
-  uint64_t TakeBlock(DevicePool& pool, uint64_t size, uint64_t requested);
+  // REQUIRES: mu_ held. A free block of `stream` with room for `size`.
+  static std::set<FreeKey>::iterator FindFree(DevicePool& pool, uint64_t stream, uint64_t size);
+  // REQUIRES: mu_ held, FindFree found a block. Returns the address of a
+  // block of exactly `size`.
+  uint64_t TakeBlock(DevicePool& pool, uint64_t stream, uint64_t size, uint64_t requested);
+  // REQUIRES: mu_ held. Orders later work on the block's stream after the
+  // work enqueued so far on each stream in `uses` (an event recorded there,
+  // waited for on the block's stream), so the block can be reused at once.
+  static void AwaitStreamUses(int device, uint64_t stream, const std::set<StreamUse>& uses);
   // REQUIRES: mu_ held. Frees every wholly free segment of `pool`.
   void ReleaseFreeSegments(int device, DevicePool& pool);
 
@@ -86,10 +109,16 @@ void DeleteBlock(void* ptr) { GlobalPools().Free(ptr); }
 
 DevicePool& Pools::Pool(int device) { return pools_[device]; }
 
-uint64_t Pools::TakeBlock(DevicePool& pool, uint64_t size, uint64_t requested) {
-  auto it = pool.free_blocks.lower_bound({size, 0});
+std::set<FreeKey>::iterator Pools::FindFree(DevicePool& pool, uint64_t stream, uint64_t size) {
+  auto it = pool.free_blocks.lower_bound({stream, size, 0});
+  if (it != pool.free_blocks.end() && std::get<0>(*it) != stream) return pool.free_blocks.end();
+  return it;
+}
+
+uint64_t Pools::TakeBlock(DevicePool& pool, uint64_t stream, uint64_t size, uint64_t requested) {
+  auto it = FindFree(pool, stream, size);
   TORCH_INTERNAL_ASSERT(it != pool.free_blocks.end());
-  uint64_t addr = it->second;
+  uint64_t addr = std::get<2>(*it);
   pool.free_blocks.erase(it);
   Block& block = pool.blocks.at(addr);
   if (block.size - size >= kMinBlock) {
@@ -97,8 +126,9 @@ uint64_t Pools::TakeBlock(DevicePool& pool, uint64_t size, uint64_t requested) {
     rest.addr = addr + size;
     rest.size = block.size - size;
     rest.segment = block.segment;
+    rest.stream = block.stream;
     pool.blocks.emplace(rest.addr, rest);
-    pool.free_blocks.insert({rest.size, rest.addr});
+    pool.free_blocks.insert({rest.stream, rest.size, rest.addr});
     block.size = size;
   }
   block.free = false;
@@ -111,9 +141,12 @@ c10::DataPtr Pools::Allocate(int device, size_t nbytes) {
   c10::Device c10_device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
   if (nbytes == 0) return c10::DataPtr(nullptr, nullptr, &DeleteBlock, c10_device);
   uint64_t size = RoundUp(nbytes, kMinBlock);
+  // The block serves work on the current stream: reused only by later
+  // allocations on that stream, whose work the daemon runs after this one's.
+  const uint64_t stream = CurrentStream(device);
   std::lock_guard<std::mutex> lock(mu_);
   DevicePool& pool = Pool(device);
-  if (pool.free_blocks.lower_bound({size, 0}) == pool.free_blocks.end()) {
+  if (FindFree(pool, stream, size) == pool.free_blocks.end()) {
     uint64_t segment_size =
         size <= kSmallRequest ? kSegmentGranularity : RoundUp(size, kSegmentGranularity);
     flagos::v1::Command command;
@@ -139,18 +172,20 @@ c10::DataPtr Pools::Allocate(int device, size_t nbytes) {
     Segment segment;
     segment.addr = completion->addr();
     segment.size = segment_size;
+    segment.stream = stream;
     pool.segments.emplace(segment.addr, segment);
     Block block;
     block.addr = segment.addr;
     block.size = segment_size;
     block.segment = segment.addr;
+    block.stream = stream;
     pool.blocks.emplace(block.addr, block);
-    pool.free_blocks.insert({block.size, block.addr});
+    pool.free_blocks.insert({block.stream, block.size, block.addr});
     StatAdd(pool.stats.segment, 1);
     StatAdd(pool.stats.reserved_bytes, static_cast<int64_t>(segment_size));
     pool.stats.num_device_alloc++;
   }
-  uint64_t addr = TakeBlock(pool, size, nbytes);
+  uint64_t addr = TakeBlock(pool, stream, size, nbytes);
   block_device_[addr] = device;
   StatAdd(pool.stats.allocation, 1);
   StatAdd(pool.stats.active, 1);
@@ -167,11 +202,16 @@ void Pools::Free(void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
   auto owner = block_device_.find(addr);
   if (owner == block_device_.end()) return;  // session already gone
-  DevicePool& pool = Pool(owner->second);
+  const int device = owner->second;
+  DevicePool& pool = Pool(device);
   block_device_.erase(owner);
   auto it = pool.blocks.find(addr);
   TORCH_INTERNAL_ASSERT(it != pool.blocks.end() && !it->second.free);
   Block& block = it->second;
+  if (!block.stream_uses.empty()) {
+    AwaitStreamUses(device, block.stream, block.stream_uses);
+    block.stream_uses.clear();
+  }
   StatAdd(pool.stats.allocation, -1);
   StatAdd(pool.stats.active, -1);
   StatAdd(pool.stats.allocated_bytes, -static_cast<int64_t>(block.size));
@@ -182,20 +222,62 @@ void Pools::Free(void* ptr) {
   // Merge with the following and the preceding free blocks of the segment.
   auto next = std::next(it);
   if (next != pool.blocks.end() && next->second.free && next->second.segment == block.segment) {
-    pool.free_blocks.erase({next->second.size, next->first});
+    pool.free_blocks.erase({next->second.stream, next->second.size, next->first});
     block.size += next->second.size;
     pool.blocks.erase(next);
   }
   if (it != pool.blocks.begin()) {
     auto prev = std::prev(it);
     if (prev->second.free && prev->second.segment == block.segment) {
-      pool.free_blocks.erase({prev->second.size, prev->first});
+      pool.free_blocks.erase({prev->second.stream, prev->second.size, prev->first});
       prev->second.size += block.size;
       pool.blocks.erase(it);
       it = prev;
     }
   }
-  pool.free_blocks.insert({it->second.size, it->first});
+  pool.free_blocks.insert({it->second.stream, it->second.size, it->first});
+}
+
+void Pools::AwaitStreamUses(int device, uint64_t stream, const std::set<StreamUse>& uses) {
+  // Called from tensor deleters: never throws; after the session closed
+  // there is nothing left to order.
+  if (!SessionOpen()) return;
+  try {
+    flagos::client::Connection& session = Session();
+    for (const auto& [use_device, use_stream] : uses) {
+      const uint64_t event = NewEventId();
+      flagos::v1::Command record;
+      record.set_device(use_device);
+      record.set_stream(use_stream);
+      record.mutable_record_event()->set_event(event);
+      session.Enqueue(std::move(record), "record_stream: record an event");
+      flagos::v1::Command wait;
+      wait.set_device(device);
+      wait.set_stream(stream);
+      wait.mutable_wait_event()->set_event(event);
+      session.Enqueue(std::move(wait), "record_stream: wait for the event");
+      flagos::v1::Command destroy;
+      destroy.set_device(device);
+      destroy.mutable_destroy_event()->set_event(event);
+      session.Enqueue(std::move(destroy), "record_stream: destroy the event");
+    }
+  } catch (...) {
+  }
+}
+
+void Pools::RecordStream(void* ptr, c10::Stream stream) {
+  if (ptr == nullptr) return;
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "flagos: record_stream needs a flagos stream, got a stream of ", stream.device());
+  uint64_t addr = reinterpret_cast<uint64_t>(ptr);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto owner = block_device_.find(addr);
+  if (owner == block_device_.end()) return;  // not a block of this allocator
+  DevicePool& pool = Pool(owner->second);
+  Block& block = pool.blocks.at(addr);
+  const StreamUse use{stream.device_index(), static_cast<uint64_t>(stream.id())};
+  if (use == StreamUse{owner->second, block.stream}) return;
+  block.stream_uses.insert(use);
 }
 
 void Pools::ReleaseFreeSegments(int device, DevicePool& pool) {
@@ -205,7 +287,7 @@ void Pools::ReleaseFreeSegments(int device, DevicePool& pool) {
       ++it;
       continue;
     }
-    pool.free_blocks.erase({segment.size, segment.addr});
+    pool.free_blocks.erase({segment.stream, segment.size, segment.addr});
     pool.blocks.erase(segment.addr);
     StatAdd(pool.stats.segment, -1);
     StatAdd(pool.stats.reserved_bytes, -static_cast<int64_t>(segment.size));
@@ -289,10 +371,9 @@ void FlagosDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
   GlobalPools().EmptyCache();
 }
 
-void FlagosDeviceAllocator::recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) {
-  // Every command of a device runs in one FIFO (the default stream), so a
-  // block freed by the client is never reused before earlier work using it
-  // has executed: there is nothing to record.
+void FlagosDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  if (ptr.get_deleter() != &DeleteBlock) return;  // not our memory (from_blob ...)
+  GlobalPools().RecordStream(ptr.get(), stream);
 }
 
 DeviceStats FlagosDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
@@ -327,5 +408,17 @@ FlagosDeviceAllocator& DeviceAllocator() {
 // Registered for PrivateUse1 so torch.accelerator memory functions and
 // at::empty find it.
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &DeviceAllocator());
+
+namespace {
+
+// Tensor.record_stream(stream): the storage's block is not reused before the
+// work enqueued on `stream` up to its free has run.
+void RecordStreamKernel(at::Tensor& self, c10::Stream stream) {
+  DeviceAllocator().recordStream(self.storage().data_ptr(), stream);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("record_stream", &RecordStreamKernel); }
 
 }  // namespace torch_fl

@@ -4,8 +4,18 @@
 // call); tensors are carved out of them here as blocks, without a round trip.
 // Freed blocks return to a per-device pool and merge with free neighbours;
 // empty_cache() gives wholly free segments back (FreeSegment, ordered after
-// every earlier command on the device). A block is reused only after it is
-// freed; with one stream per device the daemon's FIFO order makes reuse safe.
+// every earlier command on the device).
+//
+// Stream-aware, like CUDA's: a segment, and every block carved from it,
+// belongs to the stream that was current when the segment was allocated,
+// and a free block is reused only by allocations on that stream, whose work
+// the daemon runs after the work of the block's previous user. A tensor used
+// on other streams too must say so with Tensor.record_stream(s)
+// (recordStream): when such a block is freed, the allocator enqueues, for
+// each recorded stream, an event recorded there and waited for on the
+// block's stream (then destroyed), so later work on the block's stream runs
+// after the other streams' work up to the free, and the block goes back to
+// its pool at once, with no round trip.
 //
 // Small requests (≤ 1 MiB) share 2 MiB segments; larger ones get segments
 // rounded up to 2 MiB. When a segment cannot be had, the cache is emptied

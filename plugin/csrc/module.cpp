@@ -54,6 +54,10 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
     session["segment_bytes"] = s.segment_bytes();
     session["segments"] = s.segments();
     session["commands"] = s.commands();
+    session["stream_bytes_received"] = s.stream_bytes_received();
+    session["stream_bytes_sent"] = s.stream_bytes_sent();
+    session["staged_bytes"] = s.staged_bytes();
+    session["staging_attached"] = s.staging_attached();
     sessions.append(session);
   }
   out["sessions"] = sessions;
@@ -138,6 +142,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_device", &SetCurrentDevice, py::call_guard<py::gil_scoped_release>());
   m.def("_synchronize", &Synchronize, py::call_guard<py::gil_scoped_release>(),
         py::arg("device") = -1);
+  // Streams (see runtime.h): ids, the calling thread's current stream.
+  m.attr("_device_type") = static_cast<int>(c10::DeviceType::PrivateUse1);
+  m.def("_stream_pool_size", []() { return kStreamPoolSize; });
+  m.def("_current_stream", &CurrentStream, py::arg("device"));
+  m.def("_exchange_stream", &ExchangeStream, py::call_guard<py::gil_scoped_release>(),
+        py::arg("device"), py::arg("stream"));
+  // torch.flagos.Event.elapsed_time (torch.Event's accepts no subclass).
+  m.def("_event_elapsed_time", [](uint64_t start, uint64_t end) {
+    flagos::v1::Command command;
+    command.set_device(CurrentDevice());
+    command.mutable_elapsed_time()->set_start(start);
+    command.mutable_elapsed_time()->set_end(end);
+    return Call(std::move(command), "event elapsed time").elapsed_ms();
+  }, py::call_guard<py::gil_scoped_release>(), py::arg("start"), py::arg("end"));
   m.def("_empty_cache", []() { DeviceAllocator().emptyCache(); },
         py::call_guard<py::gil_scoped_release>());
   m.def("_daemon_info", []() {

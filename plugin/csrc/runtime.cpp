@@ -2,10 +2,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -32,6 +35,29 @@ RuntimeState& State() {
 }
 
 thread_local int current_device = 0;
+// Indexed by device; missing entries are the default stream.
+thread_local std::vector<uint64_t> current_streams;
+
+// c10::DeviceIndex is 8 bits: at most 128 devices.
+constexpr size_t kMaxDevices = 128;
+std::array<std::atomic<uint32_t>, kMaxDevices> next_pool_stream{};
+std::atomic<uint64_t> next_event_id{1};
+
+void CheckDeviceIndex(int device) {
+  int count = DeviceCount();
+  TORCH_CHECK(device >= 0 && device < count, "flagos: invalid device index ", device,
+              ": the daemon serves ", count, " device(s) (flagos:0 .. flagos:", count - 1, ")");
+}
+
+// The stream a command runs on: the one given, else the one the command
+// names already, else the current one.
+void SetStream(flagos::v1::Command& command, std::optional<uint64_t> stream) {
+  if (stream.has_value()) {
+    command.set_stream(*stream);
+  } else if (command.stream() == 0) {
+    command.set_stream(CurrentStream(command.device()));
+  }
+}
 
 }  // namespace
 
@@ -89,11 +115,33 @@ int CurrentDevice() { return current_device; }
 
 void SetCurrentDevice(int device) {
   if (device == current_device) return;
-  int count = DeviceCount();
-  TORCH_CHECK(device >= 0 && device < count, "flagos: invalid device index ", device,
-              ": the daemon serves ", count, " device(s) (flagos:0 .. flagos:", count - 1, ")");
+  CheckDeviceIndex(device);
   current_device = device;
 }
+
+uint64_t CurrentStream(int device) {
+  if (device < 0 || static_cast<size_t>(device) >= current_streams.size()) return 0;
+  return current_streams[device];
+}
+
+uint64_t ExchangeStream(int device, uint64_t stream) {
+  TORCH_CHECK(stream <= static_cast<uint64_t>(kStreamPoolSize), "flagos: ", stream,
+              " is not a flagos stream id (0 is the default stream, 1..", kStreamPoolSize,
+              " the pool); get streams from torch.flagos.Stream()");
+  const uint64_t previous = CurrentStream(device);
+  if (stream == previous) return previous;
+  CheckDeviceIndex(device);
+  if (current_streams.size() <= static_cast<size_t>(device)) current_streams.resize(device + 1, 0);
+  current_streams[device] = stream;
+  return previous;
+}
+
+uint64_t PoolStream(int device) {
+  CheckDeviceIndex(device);
+  return next_pool_stream[device].fetch_add(1, std::memory_order_relaxed) % kStreamPoolSize + 1;
+}
+
+uint64_t NewEventId() { return next_event_id.fetch_add(1, std::memory_order_relaxed); }
 
 uint32_t OpId(const std::string& name, const std::string& overload) {
   flagos::client::Connection& connection = Session();
@@ -138,8 +186,10 @@ bool LaunchBlocking() {
   return blocking;
 }
 
-uint64_t Enqueue(flagos::v1::Command command, std::string describe) {
+uint64_t Enqueue(flagos::v1::Command command, std::string describe,
+                 std::optional<uint64_t> stream) {
   const int device = command.device();
+  SetStream(command, stream);
   uint64_t seq = Session().Enqueue(std::move(command), std::move(describe));
   // Debugging: every command completes before its call returns, so an
   // asynchronous failure is raised by the call that caused it.
@@ -147,7 +197,9 @@ uint64_t Enqueue(flagos::v1::Command command, std::string describe) {
   return seq;
 }
 
-flagos::v1::Completion Call(flagos::v1::Command command, std::string describe) {
+flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,
+                            std::optional<uint64_t> stream) {
+  SetStream(command, stream);
   return ValueOrThrow(Session().Call(std::move(command), std::move(describe)));
 }
 

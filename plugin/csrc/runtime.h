@@ -1,6 +1,12 @@
 // The process-wide flagos runtime of torch_fl: one session with the daemon,
 // opened lazily at first use, plus the per-session operator id registry and
-// the calling thread's current device.
+// the calling thread's current device and current stream of each device.
+//
+// Streams and events are named by ids minted here, without a round trip
+// (the daemon creates its queues and backend objects at first use): stream 0
+// is each device's default stream, streams 1..kStreamPoolSize its pool
+// (torch.flagos.Stream() hands them out round-robin, as CUDA's pool does);
+// event ids count up from 1 for the whole process.
 //
 // Errors from the daemon become c10 exceptions here, at one boundary:
 // RESOURCE_EXHAUSTED → c10::OutOfMemoryError (torch.OutOfMemoryError), every
@@ -11,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -41,6 +48,21 @@ int DeviceCount();
 int CurrentDevice();
 void SetCurrentDevice(int device);
 
+// Streams per device besides the default stream (ids 1..kStreamPoolSize).
+inline constexpr int kStreamPoolSize = 8;
+
+// The calling thread's current stream on `device` (0, the default stream,
+// until set).
+uint64_t CurrentStream(int device);
+// Makes `stream` the calling thread's current stream on `device` (the
+// current device does not change); returns the previous one. Throws for an
+// invalid device or a stream id that is not a flagos stream.
+uint64_t ExchangeStream(int device, uint64_t stream);
+// The next stream of `device`'s pool, round-robin.
+uint64_t PoolStream(int device);
+// A fresh event id (> 0).
+uint64_t NewEventId();
+
 // The session's id for operator `name.overload`, registering it with the
 // daemon (asynchronously) on first use.
 uint32_t OpId(const std::string& name, const std::string& overload);
@@ -56,9 +78,14 @@ T ValueOrThrow(absl::StatusOr<T> v) {
 // FLAGOS_LAUNCH_BLOCKING=1: Enqueue waits for each command (debugging).
 bool LaunchBlocking();
 
-// Enqueue / call on the session, throwing on error.
-uint64_t Enqueue(flagos::v1::Command command, std::string describe);
-flagos::v1::Completion Call(flagos::v1::Command command, std::string describe);
+// Enqueue / call on the session, throwing on error. The command runs on
+// `stream` when given, else on the stream it names already, else (stream 0)
+// on the calling thread's current stream of its device: every command the
+// plugin sends carries its stream.
+uint64_t Enqueue(flagos::v1::Command command, std::string describe,
+                 std::optional<uint64_t> stream = std::nullopt);
+flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,
+                            std::optional<uint64_t> stream = std::nullopt);
 void Synchronize(int device);
 
 }  // namespace torch_fl

@@ -2,6 +2,9 @@
 
 Devices are the daemon's; memory figures are this process's caching
 allocator's (the same numbers ``torch.accelerator.memory_*`` reports).
+Streams and events (:class:`Stream`, :class:`Event`, :func:`stream`) work as
+CUDA's do: the daemon runs the work of each stream in order and different
+streams concurrently.
 """
 from __future__ import annotations
 
@@ -71,6 +74,169 @@ def synchronize(device: _DeviceLike = None) -> None:
     """Waits until every operation enqueued on ``device`` has run; raises the
     first asynchronous error."""
     _C._synchronize(_index(device))
+
+
+# --------------------------------------------------------- streams, events
+# Stream ids are minted by the client: 0 is each device's default stream,
+# 1.._C._stream_pool_size() its pool, handed out round-robin by Stream() (as
+# torch.cuda.Stream() uses CUDA's pool). Each thread has a current stream per
+# device; every operation runs on the current stream of its device.
+
+_DEVICE_TYPE = _C._device_type  # c10::DeviceType::PrivateUse1, as torch.Stream.device_type
+
+
+class Stream(torch.Stream):
+    """A flagos stream: an in-order queue of work on one device.
+
+    ``Stream(device=None, priority=0)`` takes the next stream of the device's
+    pool (priorities are accepted and ignored). Work on different streams
+    runs concurrently; order it with events (:meth:`wait_event`,
+    :meth:`wait_stream`). ``with stream:`` or ``with torch.flagos.stream(s):``
+    makes it current.
+    """
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
+        if "stream_id" in kwargs:  # wraps an existing stream
+            return super().__new__(
+                cls,
+                stream_id=kwargs["stream_id"],
+                device_index=kwargs["device_index"],
+                device_type=kwargs["device_type"],
+            )
+        return super().__new__(cls, torch.device("flagos", _index(device)), priority=priority)
+
+    @classmethod
+    def _wrap(cls, stream: torch.Stream) -> "Stream":
+        return cls(
+            stream_id=stream.stream_id,
+            device_index=stream.device_index,
+            device_type=stream.device_type,
+        )
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        """Records ``event`` (a new :class:`Event` when None) on this stream."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event: torch.Event) -> None:
+        """Work queued on this stream after this call waits for ``event``."""
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        """Work queued on this stream after this call waits for the work
+        queued so far on ``stream``."""
+        self.wait_event(Stream._wrap(stream).record_event())
+
+    def __repr__(self) -> str:
+        return f"<torch.flagos.Stream device=flagos:{self.device_index} stream_id={self.stream_id}>"
+
+
+class Event(torch.Event):
+    """A flagos event: marks a point in a stream's work.
+
+    ``record()`` on a stream (the current one by default), ``wait()`` makes a
+    stream wait for it, ``query()`` / ``synchronize()`` ask or wait for it
+    from the host, ``elapsed_time(end)`` gives the milliseconds between two
+    completed events created with ``enable_timing=True``. Creating, recording
+    and waiting cost no round trip to the daemon.
+    """
+
+    def __new__(
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> "Event":
+        if interprocess:
+            raise NotImplementedError(
+                "flagos: interprocess events are not supported (event_ipc is a capability gap)"
+            )
+        event = super().__new__(
+            cls, torch.device("flagos"), enable_timing=enable_timing, blocking=blocking
+        )
+        event._enable_timing = bool(enable_timing)
+        return event
+
+    def record(self, stream: torch.Stream | None = None) -> None:
+        super().record(current_stream() if stream is None else stream)
+
+    def wait(self, stream: torch.Stream | None = None) -> None:
+        super().wait(current_stream() if stream is None else stream)
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds from this event to ``end_event``; both must have been
+        created with ``enable_timing=True``, recorded and completed (as CUDA's)."""
+        # torch.Event.elapsed_time accepts exactly torch.Event, not a
+        # subclass: the same checks as c10::Event, then the daemon.
+        if not (self._enable_timing and getattr(end_event, "_enable_timing", True)):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
+        if not (self.event_id and end_event.event_id):
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
+        if not (self.query() and end_event.query()):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return _C._event_elapsed_time(self.event_id, end_event.event_id)
+
+    def __repr__(self) -> str:
+        return f"<torch.flagos.Event event_id={self.event_id}>"
+
+
+def _check_stream(s: torch.Stream) -> None:
+    if s.device_type != _DEVICE_TYPE:
+        raise ValueError(f"expected a flagos stream, got a stream of {s.device}")
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    """The calling thread's current stream on ``device``."""
+    idx = _index(device)
+    return Stream(stream_id=_C._current_stream(idx), device_index=idx, device_type=_DEVICE_TYPE)
+
+
+def default_stream(device: _DeviceLike = None) -> Stream:
+    """The default stream of ``device`` (id 0)."""
+    return Stream(stream_id=0, device_index=_index(device), device_type=_DEVICE_TYPE)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Makes ``stream`` current on its device and its device current (as
+    ``torch.accelerator.set_stream``). Prefer :func:`stream`."""
+    if stream is None:
+        return
+    _check_stream(stream)
+    _C._exchange_stream(stream.device_index, stream.stream_id)
+    _C._set_device(stream.device_index)
+
+
+class StreamContext:
+    """Context manager that makes ``stream`` current for its body: its device
+    becomes the current device, and its device's current stream is restored
+    afterwards (as ``torch.cuda.StreamContext``). ``None`` does nothing."""
+
+    def __init__(self, stream: torch.Stream | None) -> None:
+        if stream is not None:
+            _check_stream(stream)
+        self.stream = stream
+        self._saved: list[tuple[int, int]] = []
+
+    def __enter__(self) -> torch.Stream | None:
+        s = self.stream
+        if s is not None:
+            previous_device = _C._current_device()
+            previous_stream = _C._exchange_stream(s.device_index, s.stream_id)
+            self._saved.append((previous_device, previous_stream))
+            if s.device_index != previous_device:
+                _C._set_device(s.device_index)
+        return s
+
+    def __exit__(self, *exc_info: object) -> None:
+        s = self.stream
+        if s is not None:
+            previous_device, previous_stream = self._saved.pop()
+            _C._exchange_stream(s.device_index, previous_stream)
+            _C._set_device(previous_device)
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    """``with torch.flagos.stream(s):`` runs its body with ``s`` current."""
+    return StreamContext(stream)
 
 
 def get_device_name(device: _DeviceLike = None) -> str:

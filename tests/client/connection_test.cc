@@ -40,6 +40,17 @@ std::unique_ptr<Connection> OpenOrDie(const FakeDaemon& daemon) {
   return connection.ok() ? *std::move(connection) : nullptr;
 }
 
+// Batches leave only when full or flushed (no idle-flush thread), so tests
+// of the batch bounds do not depend on timing.
+std::unique_ptr<Connection> OpenWithoutIdleFlush(const FakeDaemon& daemon) {
+  ConnectionOptions options;
+  options.idle_flush = absl::InfiniteDuration();
+  absl::StatusOr<std::unique_ptr<Connection>> connection =
+      Connection::Open(daemon.endpoint(), kTimeout, "connection_test", options);
+  EXPECT_TRUE(connection.ok()) << connection.status();
+  return connection.ok() ? *std::move(connection) : nullptr;
+}
+
 v1::Command Allocate(uint64_t nbytes) {
   v1::Command command;
   command.mutable_allocate()->set_nbytes(nbytes);
@@ -249,7 +260,7 @@ TEST(ConnectionAsyncError, IsAvailableFromTakeAsyncErrorAfterAFlush) {
 
 TEST(ConnectionBatching, SendsABatchWhenItHoldsMaxBatchCommands) {
   FakeDaemon daemon;
-  std::unique_ptr<Connection> connection = OpenOrDie(daemon);
+  std::unique_ptr<Connection> connection = OpenWithoutIdleFlush(daemon);
   ASSERT_NE(connection, nullptr);
   for (int i = 0; i < kMaxBatchCommands; ++i) connection->Enqueue(Memset(i), "memset");
   ASSERT_TRUE(daemon.WaitForBatches(1, kTimeout));
@@ -265,7 +276,7 @@ TEST(ConnectionBatching, SendsABatchWhenItHoldsMaxBatchCommands) {
 
 TEST(ConnectionBatching, SendsABatchWhenItHoldsMaxBatchBytes) {
   FakeDaemon daemon;
-  std::unique_ptr<Connection> connection = OpenOrDie(daemon);
+  std::unique_ptr<Connection> connection = OpenWithoutIdleFlush(daemon);
   ASSERT_NE(connection, nullptr);
   const int chunks = static_cast<int>(kMaxBatchBytes / kMaxCopyChunk);
   for (int i = 0; i < chunks; ++i) {
@@ -278,9 +289,23 @@ TEST(ConnectionBatching, SendsABatchWhenItHoldsMaxBatchBytes) {
   EXPECT_THAT(daemon.batch_sizes(), ElementsAre(chunks));
 }
 
-TEST(ConnectionBatching, FlushSendsThePendingBatch) {
+TEST(ConnectionBatching, ABatchLeftIdleIsSentWithoutAFlush) {
   FakeDaemon daemon;
   std::unique_ptr<Connection> connection = OpenOrDie(daemon);
+  ASSERT_NE(connection, nullptr);
+  connection->Enqueue(Memset(0), "memset");
+  ASSERT_TRUE(daemon.WaitForBatches(1, kTimeout)) << "the idle batch was never sent";
+  EXPECT_THAT(daemon.batch_sizes(), ElementsAre(1));
+  // Again after the flusher went to sleep for want of work.
+  absl::SleepFor(absl::Milliseconds(50));
+  connection->Enqueue(Memset(1), "memset");
+  ASSERT_TRUE(daemon.WaitForBatches(2, kTimeout)) << "the idle batch was never sent";
+  EXPECT_THAT(daemon.batch_sizes(), ElementsAre(1, 1));
+}
+
+TEST(ConnectionBatching, FlushSendsThePendingBatch) {
+  FakeDaemon daemon;
+  std::unique_ptr<Connection> connection = OpenWithoutIdleFlush(daemon);
   ASSERT_NE(connection, nullptr);
   connection->Enqueue(Memset(0), "memset");
   connection->Enqueue(Memset(16), "memset");

@@ -11,8 +11,13 @@
 // TakeAsyncError), naming the failed command as `describe` said when it was
 // enqueued.
 //
+// Same-node sessions (a unix-socket endpoint) move tensor bytes through a
+// shared staging region (Upload / Download); FLAGOS_STAGING=0 turns it off,
+// and TCP sessions send bytes inline in bounded chunks.
+//
 // Thread safety: all methods may be called from any thread. Completions are
-// read by one background thread per connection.
+// read by one background thread per connection; a second one sends batches
+// left idle for kIdleFlush.
 //
 // This library knows nothing of torch.
 #ifndef FLAGOS_CLIENT_CONNECTION_H_
@@ -35,8 +40,28 @@ inline constexpr int kMaxBatchCommands = 64;
 // A batch is also sent once its copy_to_device data reaches this many bytes,
 // which keeps every message well under the protocol's 256 MiB limit.
 inline constexpr uint64_t kMaxBatchBytes = 32ull << 20;
+// ... or once it names this many staged bytes, so the daemon starts on a
+// large copy while the client stages the rest.
+inline constexpr uint64_t kMaxBatchStagedBytes = 1ull << 20;
+// A batch that has waited this long unsent is sent by a background thread,
+// so that work a client enqueues and then does not synchronise still runs.
+inline constexpr absl::Duration kIdleFlush = absl::Microseconds(500);
+// The shared staging region of a same-node session: its data area and slot.
+inline constexpr uint64_t kStagingBytes = 64ull << 20;
+inline constexpr uint64_t kStagingSlotBytes = 4096;
 // Copies are split into commands of at most this many bytes.
 inline constexpr uint64_t kMaxCopyChunk = 8ull << 20;
+
+struct ConnectionOptions {
+  // How long a batch may wait unsent before the background thread sends
+  // it; absl::InfiniteDuration() turns the thread off (tests of batching).
+  absl::Duration idle_flush = kIdleFlush;
+  // Attach a shared staging region when the daemon offers one. The default
+  // is false when FLAGOS_STAGING=0.
+  bool staging = StagingWantedByEnvironment();
+
+  static bool StagingWantedByEnvironment();
+};
 
 class Connection {
  public:
@@ -47,9 +72,9 @@ class Connection {
   // and a message naming the endpoint and how to start flagosd when the
   // daemon cannot be reached; FAILED_PRECONDITION when no common protocol
   // version exists.
-  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& endpoint,
-                                                          absl::Duration timeout,
-                                                          const std::string& client_name);
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(
+      const std::string& endpoint, absl::Duration timeout, const std::string& client_name,
+      const ConnectionOptions& options = ConnectionOptions());
 
   virtual const std::string& endpoint() const = 0;
   virtual const v1::NegotiateResponse& info() const = 0;
@@ -73,6 +98,27 @@ class Connection {
   // marker for all devices, whose Completion is returned; the command's own
   // failure then comes back as the asynchronous error.
   virtual absl::StatusOr<v1::Completion> Call(v1::Command command, std::string describe) = 0;
+
+  // Enqueues `command` (which must owe a reply, see Call), flushes, and
+  // returns a ticket for Await. Lets several replies be awaited at once.
+  virtual absl::StatusOr<uint64_t> Submit(v1::Command command, std::string describe) = 0;
+  // Waits for the Completion of a Submit ticket, with Call's error rules.
+  // Every ticket must be awaited exactly once.
+  virtual absl::StatusOr<v1::Completion> Await(uint64_t ticket) = 0;
+
+  // Copies `nbytes` host bytes at `src` to device address `addr` on
+  // (device, stream). Returns once the bytes are staged (or enqueued
+  // inline): it never waits for the copy to run, only for room in the
+  // staging region. The copy's failure is an asynchronous error.
+  virtual absl::Status Upload(int device, uint64_t stream, uint64_t addr, const void* src,
+                              uint64_t nbytes, const std::string& describe) = 0;
+  // Copies `nbytes` from device address `addr` to `dst` once every earlier
+  // command on (device, stream) has run: a synchronisation point. Large
+  // copies are pipelined in chunks.
+  virtual absl::Status Download(int device, uint64_t stream, void* dst, uint64_t addr,
+                                uint64_t nbytes, const std::string& describe) = 0;
+  // True when Upload/Download use a shared staging region.
+  virtual bool staging() const = 0;
 
   // Sends the pending batch. UNAVAILABLE when the session has ended.
   virtual absl::Status Flush() = 0;

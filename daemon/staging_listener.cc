@@ -1,0 +1,205 @@
+#include "staging_listener.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "flagos/v1/flagos.pb.h"
+#include "listen_endpoint.h"
+#include "logging.h"
+#include "session.h"
+#include "session_registry.h"
+
+namespace flagos::daemon {
+namespace {
+
+// An attach message is a few dozen bytes; anything larger is not a client.
+constexpr uint32_t kMaxAttachBytes = 4096;
+// A client that connects and then stalls does not hold the listener longer.
+constexpr int kIoTimeoutSeconds = 2;
+
+absl::Status Errno(absl::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+void SendReply(int fd, const absl::Status& status) {
+  v1::StagingAttached reply;
+  reply.set_code(static_cast<int>(status.code()));
+  reply.set_message(std::string(status.message()));
+  const std::string body = reply.SerializeAsString();
+  std::string frame(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  frame += body;
+  (void)send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StagingListener>> StagingListener::Start(
+    std::string path, mode_t mode, SessionRegistry* registry) {
+  ListenEndpoint endpoint;
+  endpoint.uri = absl::StrCat("unix://", path);
+  endpoint.unix_path = path;
+  endpoint.mode = mode;
+  if (absl::Status s = PrepareUnixSocket(endpoint); !s.ok()) return s;
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the staging socket path ", path, " is too long for a unix socket; choose a shorter "
+        "--listen path"));
+  }
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("cannot create the staging socket");
+  const mode_t old_umask = umask(0177);
+  const int bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  umask(old_umask);
+  if (bound != 0 || listen(fd, 64) != 0) {
+    absl::Status s = Errno(absl::StrCat("cannot listen on the staging socket ", path));
+    close(fd);
+    return s;
+  }
+  if (absl::Status s = SecureUnixSocket(endpoint); !s.ok()) {
+    close(fd);
+    return s;
+  }
+  const int wake = eventfd(0, EFD_CLOEXEC);
+  if (wake < 0) {
+    absl::Status s = Errno("cannot create an eventfd for the staging listener");
+    close(fd);
+    return s;
+  }
+  std::unique_ptr<StagingListener> listener(
+      new StagingListener(std::move(path), fd, wake, registry));
+  listener->thread_ = std::thread(&StagingListener::Run, listener.get());
+  return listener;
+}
+
+StagingListener::StagingListener(std::string path, int listen_fd, int wake_fd,
+                                 SessionRegistry* registry)
+    : path_(std::move(path)), listen_fd_(listen_fd), wake_fd_(wake_fd), registry_(*registry) {}
+
+StagingListener::~StagingListener() { Stop(); }
+
+void StagingListener::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  const uint64_t one = 1;
+  (void)write(wake_fd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  close(listen_fd_);
+  close(wake_fd_);
+  unlink(path_.c_str());
+}
+
+void StagingListener::Run() {
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      LogError(absl::StrCat("staging listener: poll failed: ", std::strerror(errno)));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if (fds[0].revents == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    Serve(fd);
+  }
+}
+
+void StagingListener::Serve(int fd) {
+  timeval timeout{kIoTimeoutSeconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  ucred peer{};
+  socklen_t peer_len = sizeof(peer);
+  const bool have_peer = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0;
+
+  // Read the frame; the memfd arrives with its first bytes.
+  std::string frame;
+  int memfd = -1;
+  absl::Status status;
+  while (true) {
+    char buffer[kMaxAttachBytes + 4];
+    iovec iov{buffer, sizeof(buffer)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr message{};
+    message.msg_iov = &iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int received;
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (memfd < 0) {
+          memfd = received;
+        } else {
+          close(received);  // only one descriptor is expected
+        }
+      }
+    }
+    if (n <= 0) {
+      status = absl::InvalidArgumentError("the attach message ended early");
+      break;
+    }
+    frame.append(buffer, static_cast<size_t>(n));
+    if (frame.size() < 4) continue;
+    uint32_t length = 0;
+    for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(static_cast<uint8_t>(frame[i])) << (8 * i);
+    if (length > kMaxAttachBytes) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("the attach message claims ", length, " bytes; the limit is ",
+                       kMaxAttachBytes));
+      break;
+    }
+    if (frame.size() >= 4 + length) {
+      frame.resize(4 + length);
+      break;
+    }
+  }
+  v1::StagingAttach attach;
+  if (status.ok() && !attach.ParseFromArray(frame.data() + 4, static_cast<int>(frame.size() - 4))) {
+    status = absl::InvalidArgumentError("the attach message is not a StagingAttach");
+  }
+  if (status.ok() && memfd < 0) {
+    status = absl::InvalidArgumentError(
+        "the attach message carried no file descriptor (send the memfd as SCM_RIGHTS)");
+  }
+  std::shared_ptr<Session> session;
+  if (status.ok()) {
+    session = registry_.Find(attach.session_id());
+    if (session == nullptr) {
+      status = absl::NotFoundError(
+          absl::StrCat("no live session ", attach.session_id(), " to attach a staging region to"));
+    }
+  }
+  if (status.ok()) {
+    status = session->AttachStaging(attach, std::exchange(memfd, -1),
+                                    have_peer ? static_cast<int64_t>(peer.uid) : -1);
+  }
+  if (memfd >= 0) close(memfd);
+  if (!status.ok()) {
+    LogWarning(absl::StrCat("staging attach refused (peer pid ", have_peer ? peer.pid : -1,
+                            "): ", status.message()));
+  }
+  SendReply(fd, status);
+  close(fd);
+}
+
+}  // namespace flagos::daemon

@@ -1,0 +1,60 @@
+// StagingListener: the Unix socket on which same-node clients attach their
+// shared staging region to their session (flagos.proto, StagingAttach).
+//
+// One connection per attach: the client sends a length-prefixed
+// StagingAttach with its memfd as SCM_RIGHTS, the listener finds the session
+// by id, checks the session's token (which only the session's own stream
+// carried) and maps the region, then answers with StagingAttached. The
+// socket file lives next to the daemon's first unix --listen socket, with
+// the same mode.
+//
+// Thread safety: Stop may be called from any thread; one thread serves.
+#ifndef FLAGOS_DAEMON_STAGING_LISTENER_H_
+#define FLAGOS_DAEMON_STAGING_LISTENER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace flagos::daemon {
+
+class SessionRegistry;
+
+class StagingListener {
+ public:
+  // Listens on `path` (a stale socket file there is replaced) with file mode
+  // `mode`. `registry` must outlive the listener.
+  static absl::StatusOr<std::unique_ptr<StagingListener>> Start(std::string path, mode_t mode,
+                                                                SessionRegistry* registry);
+  // Stop().
+  ~StagingListener();
+
+  StagingListener(const StagingListener&) = delete;
+  StagingListener& operator=(const StagingListener&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // Stops serving, joins the thread and removes the socket file. Idempotent.
+  void Stop();
+
+ private:
+  StagingListener(std::string path, int listen_fd, int wake_fd, SessionRegistry* registry);
+  void Run();
+  // Handles one attach connection (closes `fd`).
+  void Serve(int fd);
+
+  const std::string path_;
+  const int listen_fd_;
+  const int wake_fd_;  // an eventfd that ends Run
+  SessionRegistry& registry_;
+  std::thread thread_;
+  bool stopped_ = false;
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_STAGING_LISTENER_H_

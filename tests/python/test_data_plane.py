@@ -1,0 +1,125 @@
+"""The shared-memory data plane: a same-node session moves tensor bytes
+through its staging region, never inside the gRPC session stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import torch
+
+import torch_fl  # noqa: F401  (registers "flagos")
+
+MIB = 1 << 20
+
+
+def my_session() -> dict:
+    sid = torch_fl._C._session_id()
+    for session in torch_fl._C._daemon_stats("")["sessions"]:
+        if session["id"] == sid:
+            return session
+    raise AssertionError(f"session {sid} is not listed by the daemon")
+
+
+def test_session_attaches_a_staging_region_and_reports_its_uid() -> None:
+    torch.ones(1, device="flagos")
+    session = my_session()
+    assert session["staging_attached"]
+    assert session["uid"] == os.getuid()
+
+
+def test_256_mib_round_trip_moves_no_tensor_bytes_through_the_stream() -> None:
+    x = torch.randint(-(2**31), 2**31 - 1, (64 * MIB,), dtype=torch.int32)  # 256 MiB
+    torch.ones(1, device="flagos")
+    torch.flagos.synchronize()
+    before = my_session()
+    y = x.to("flagos")
+    z = y.cpu()
+    after = my_session()
+    assert torch.equal(x, z)
+    assert after["staged_bytes"] - before["staged_bytes"] >= 2 * x.nbytes
+    # Commands only: a few dozen bytes per chunk of up to 16 MiB.
+    assert after["stream_bytes_received"] - before["stream_bytes_received"] < MIB
+    assert after["stream_bytes_sent"] - before["stream_bytes_sent"] < MIB
+
+
+# The counters do count tensor bytes when they travel inline (a negative
+# control for the test above).
+INLINE = """
+import json, torch, torch_fl
+def mine():
+    sid = torch_fl._C._session_id()
+    return next(s for s in torch_fl._C._daemon_stats("")["sessions"] if s["id"] == sid)
+x = torch.arange(4 << 20, dtype=torch.float32)   # 16 MiB
+torch.ones(1, device="flagos")
+before = mine()
+z = x.to("flagos").cpu()
+after = mine()
+print(json.dumps({
+    "equal": bool(torch.equal(x, z)), "attached": after["staging_attached"],
+    "received": after["stream_bytes_received"] - before["stream_bytes_received"],
+    "sent": after["stream_bytes_sent"] - before["stream_bytes_sent"],
+    "nbytes": x.nbytes,
+}))
+"""
+
+
+def test_with_staging_off_bytes_travel_inline_and_are_counted(run_python) -> None:
+    result = run_python(INLINE, env={"FLAGOS_STAGING": "0"})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["equal"]
+    assert not out["attached"]
+    assert out["received"] >= out["nbytes"]
+    assert out["sent"] >= out["nbytes"]
+
+
+def test_strided_and_dtype_converting_copies_through_staging() -> None:
+    base = torch.randn(300, 500, dtype=torch.float64)
+    cases = [
+        base,
+        base.t(),                      # non-contiguous source
+        base[::3, 1::2],               # gaps
+        base.to(torch.float16),
+        torch.randint(0, 2, (777,), dtype=torch.bool),
+    ]
+    for x in cases:
+        assert torch.equal(x.to("flagos").cpu(), x)
+    # Into a strided destination on the device.
+    dst = torch.zeros(500, 300, dtype=torch.float64, device="flagos").t()
+    dst.copy_(base)
+    assert torch.equal(dst.cpu(), base)
+
+
+def test_concurrent_copies_from_several_threads_stay_intact() -> None:
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        for size in (17, 4096, 3 * MIB + 5, 9 * MIB):
+            x = torch.randint(0, 255, (size,), dtype=torch.uint8, generator=g)
+            back = x.to("flagos").cpu()
+            if not torch.equal(back, x):
+                errors.append(f"thread {seed}: {size} bytes came back different")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_batch_left_idle_is_sent_without_a_synchronize() -> None:
+    import time
+
+    a = torch.ones(16, device="flagos")
+    torch.flagos.synchronize()
+    before = my_session()["commands"]
+    a.add_(1)  # one command, far below the batch bound, and no sync point
+    deadline = time.monotonic() + 10
+    while my_session()["commands"] == before and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert my_session()["commands"] > before, "the idle batch never reached the daemon"
+    assert torch.equal(a.cpu(), torch.full((16,), 2.0))

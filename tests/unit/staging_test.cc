@@ -1,0 +1,261 @@
+// The shared-memory data plane end to end in-process: a Server on a unix
+// socket in a temporary directory, a real client Connection that attaches
+// its staging region, and attach attempts that must be refused.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "backend.h"
+#include "flagos/client/connection.h"
+#include "flagos/v1/flagos.pb.h"
+#include "gtest/gtest.h"
+#include "server.h"
+#include "staging_region.h"  // the daemon's
+#include "../../client/src/staging_region.h"
+
+namespace flagos {
+namespace {
+
+constexpr uint64_t kDeviceMemory = 512ull << 20;
+
+class StagingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/flagosd_staging_test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    endpoint_ = absl::StrCat("unix://", dir_, "/flagosd.sock");
+    daemon::BackendOptions backend_options;
+    backend_options.name = "cpu";
+    backend_options.cpu_devices = 1;
+    backend_options.device_memory = kDeviceMemory;
+    auto backend = daemon::Backend::Create(backend_options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
+    daemon::ServerOptions server_options;
+    server_options.listen = {endpoint_};
+    auto server = daemon::Server::Start(server_options, backend_.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  void TearDown() override {
+    server_.reset();
+    backend_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<client::Connection> Connect() {
+    auto connection = client::Connection::Open(endpoint_, absl::Seconds(5), "staging_test");
+    EXPECT_TRUE(connection.ok()) << connection.status();
+    return connection.ok() ? *std::move(connection) : nullptr;
+  }
+
+  v1::SessionInfo OnlySession(client::Connection& connection) {
+    auto stats = connection.GetStats();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    for (const v1::SessionInfo& s : stats->sessions()) {
+      if (s.id() == connection.session_id()) return s;
+    }
+    ADD_FAILURE() << "session " << connection.session_id() << " is not listed";
+    return {};
+  }
+
+  uint64_t Allocate(client::Connection& connection, uint64_t nbytes) {
+    v1::Command command;
+    command.mutable_allocate()->set_nbytes(nbytes);
+    auto completion = connection.Call(command, "allocate");
+    EXPECT_TRUE(completion.ok()) << completion.status();
+    return completion.ok() ? completion->addr() : 0;
+  }
+
+  std::string dir_;
+  std::string endpoint_;
+  std::unique_ptr<daemon::Backend> backend_;
+  std::unique_ptr<daemon::Server> server_;
+};
+
+std::vector<uint8_t> Pattern(uint64_t n, uint8_t seed) {
+  std::vector<uint8_t> bytes(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (uint64_t i = 0; i < n; ++i) {
+    x = x * 1103515245u + 12345u;
+    bytes[i] = static_cast<uint8_t>(x >> 24);
+  }
+  return bytes;
+}
+
+TEST_F(StagingTest, LargeCopiesMoveThroughTheRegionNotTheStream) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  ASSERT_TRUE(connection->staging()) << "a unix-socket session attaches a staging region";
+  constexpr uint64_t kBytes = 200ull << 20;  // several laps of the 64 MiB ring
+  const uint64_t addr = Allocate(*connection, kBytes);
+  const v1::SessionInfo before = OnlySession(*connection);
+  EXPECT_TRUE(before.staging_attached());
+  EXPECT_EQ(before.uid(), getuid());
+
+  const std::vector<uint8_t> up = Pattern(kBytes, 7);
+  ASSERT_TRUE(connection->Upload(0, 0, addr, up.data(), kBytes, "upload").ok());
+  std::vector<uint8_t> down(kBytes, 0);
+  ASSERT_TRUE(connection->Download(0, 0, down.data(), addr, kBytes, "download").ok());
+  EXPECT_TRUE(up == down);
+
+  const v1::SessionInfo after = OnlySession(*connection);
+  EXPECT_EQ(after.staged_bytes() - before.staged_bytes(), 2 * kBytes);
+  // A few hundred commands of a few dozen bytes each, however large the copy.
+  EXPECT_LT(after.stream_bytes_received() - before.stream_bytes_received(), 256u << 10);
+  EXPECT_LT(after.stream_bytes_sent() - before.stream_bytes_sent(), 256u << 10);
+}
+
+TEST_F(StagingTest, WithoutTheRegionBytesTravelInline) {
+  setenv("FLAGOS_STAGING", "0", 1);
+  auto connection = Connect();
+  unsetenv("FLAGOS_STAGING");
+  ASSERT_NE(connection, nullptr);
+  ASSERT_FALSE(connection->staging());
+  constexpr uint64_t kBytes = 20ull << 20;
+  const uint64_t addr = Allocate(*connection, kBytes);
+  const v1::SessionInfo before = OnlySession(*connection);
+  const std::vector<uint8_t> up = Pattern(kBytes, 3);
+  ASSERT_TRUE(connection->Upload(0, 0, addr, up.data(), kBytes, "upload").ok());
+  std::vector<uint8_t> down(kBytes, 0);
+  ASSERT_TRUE(connection->Download(0, 0, down.data(), addr, kBytes, "download").ok());
+  EXPECT_TRUE(up == down);
+  const v1::SessionInfo after = OnlySession(*connection);
+  EXPECT_FALSE(after.staging_attached());
+  EXPECT_GE(after.stream_bytes_received() - before.stream_bytes_received(), kBytes);
+  EXPECT_GE(after.stream_bytes_sent() - before.stream_bytes_sent(), kBytes);
+}
+
+TEST_F(StagingTest, ManySmallUploadsReuseTheRing) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  ASSERT_TRUE(connection->staging());
+  const uint64_t addr = Allocate(*connection, 2ull << 20);
+  // 78 × 512 chunks of one slot each: more than the ring holds at once.
+  constexpr uint32_t kUploads = 78 * 512;
+  for (uint32_t i = 0; i < kUploads; ++i) {
+    ASSERT_TRUE(connection->Upload(0, 0, addr + (i % 512) * 4, &i, 4, "upload").ok());
+  }
+  std::vector<uint32_t> back(512);
+  ASSERT_TRUE(connection->Download(0, 0, back.data(), addr, 512 * 4, "download").ok());
+  for (uint32_t k = 0; k < 512; ++k) EXPECT_EQ(back[k], kUploads - 512 + k) << k;
+}
+
+TEST_F(StagingTest, StagedBytesOutsideTheDataAreaAreAnErrorAndTheSessionGoesOn) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  ASSERT_TRUE(connection->staging());
+  const uint64_t addr = Allocate(*connection, 1 << 20);
+  v1::Command command;
+  auto* copy = command.mutable_copy_from_device();
+  copy->set_addr(addr);
+  copy->set_nbytes(4096);
+  copy->mutable_staged()->set_offset(client::kStagingBytes);  // one past the end
+  copy->mutable_staged()->set_nbytes(4096);
+  auto completion = connection->Call(command, "bad staged copy");
+  ASSERT_FALSE(completion.ok());
+  EXPECT_NE(completion.status().message().find("outside the session's staging data area"),
+            std::string::npos)
+      << completion.status();
+  uint32_t value = 42, back = 0;
+  ASSERT_TRUE(connection->Upload(0, 0, addr, &value, 4, "upload").ok());
+  ASSERT_TRUE(connection->Download(0, 0, &back, addr, 4, "download").ok());
+  EXPECT_EQ(back, 42u);
+}
+
+TEST_F(StagingTest, AttachNeedsTheSessionsToken) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  ASSERT_TRUE(connection->staging());
+  const std::string socket = server_->staging_socket();
+  ASSERT_FALSE(socket.empty());
+  auto region = client::StagingRegion::Create(1 << 20, 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+
+  absl::Status wrong = (*region)->Attach(socket, connection->session_id(),
+                                         std::string(16, 'x'), deadline);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kPermissionDenied) << wrong;
+  absl::Status missing = (*region)->Attach(socket, 999999, std::string(16, 'x'), deadline);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+}
+
+TEST(DaemonStagingRegion, AcceptsOnlySealedMemfdsThatHoldTheLayout) {
+  v1::StagingAttach layout;
+  layout.set_slot_bytes(4096);
+  layout.set_slot_count(16);
+  layout.set_data_offset(4096);
+  const uint64_t size = 4096 + 16 * 4096;
+
+  // A memfd that could still shrink.
+  int fd = memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, size), 0);
+  auto unsealed = daemon::StagingRegion::Map(fd, layout);
+  EXPECT_FALSE(unsealed.ok());
+  EXPECT_NE(unsealed.status().message().find("F_SEAL_SHRINK"), std::string::npos);
+
+  // Sealed but too small for the layout.
+  fd = memfd_create("small", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, size - 1), 0);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  EXPECT_FALSE(daemon::StagingRegion::Map(fd, layout).ok());
+
+  // Flags overlapping the data area.
+  fd = memfd_create("overlap", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, size), 0);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  v1::StagingAttach overlapping = layout;
+  overlapping.set_data_offset(8);
+  EXPECT_FALSE(daemon::StagingRegion::Map(fd, overlapping).ok());
+
+  fd = memfd_create("good", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, size), 0);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  auto region = daemon::StagingRegion::Map(fd, layout);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_TRUE((*region)->Bytes(0, 16 * 4096).ok());
+  EXPECT_FALSE((*region)->Bytes(4096, 16 * 4096).ok());
+  EXPECT_FALSE((*region)->Bytes(~0ull - 10, 20).ok());
+}
+
+TEST(ClientStagingRegion, ClaimsInRingOrderAndReclaimsOnlyFreedChunks) {
+  auto region = client::StagingRegion::Create(16 * 4096, 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  client::StagingRegion& ring = **region;
+  EXPECT_EQ(ring.max_chunk(), 4u * 4096);
+  auto a = ring.TryClaim(4 * 4096);
+  auto b = ring.TryClaim(4 * 4096);
+  auto c = ring.TryClaim(4 * 4096);
+  auto d = ring.TryClaim(3 * 4096 + 1);
+  ASSERT_TRUE(a && b && c && d);
+  EXPECT_EQ(a->offset, 0u);
+  EXPECT_EQ(b->offset, 4u * 4096);
+  EXPECT_EQ(d->offset, 12u * 4096);
+  EXPECT_FALSE(ring.TryClaim(1)) << "the ring is full";
+  // Freeing a later chunk frees nothing: space returns in claim order.
+  ring.Release(b->offset);
+  EXPECT_FALSE(ring.TryClaim(1));
+  ring.Release(a->offset);
+  auto e = ring.TryClaim(4 * 4096);  // a and b are back: wraps to the start
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->offset, 0u);
+  auto f = ring.TryClaim(4 * 4096);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->offset, 4u * 4096);
+  EXPECT_FALSE(ring.TryClaim(1));
+}
+
+}  // namespace
+}  // namespace flagos
