@@ -1,6 +1,7 @@
 #include "session.h"
 
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "absl/time/time.h"
 #include "command_validation.h"
 #include "logging.h"
+#include "unix_frames.h"
 
 namespace flagos::daemon {
 namespace {
@@ -30,6 +32,29 @@ absl::string_view CodeName(absl::StatusCode code) {
     case absl::StatusCode::kInternal: return "INTERNAL";
     case absl::StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
     default: return "ERROR";
+  }
+}
+
+// A sync-channel request is one command; its arguments may carry host
+// tensors by value, within the session stream's own message limit.
+constexpr uint32_t kMaxSyncFrameBytes = 256u << 20;
+
+// Whether the daemon answers `command` even when it succeeds (flagos.proto,
+// Completion): the commands the sync channel carries.
+bool OwesReply(const v1::Command& command) {
+  switch (command.kind_case()) {
+    case v1::Command::kAllocate:
+    case v1::Command::kCopyFromDevice:
+    case v1::Command::kSync:
+    case v1::Command::kQueryEvent:
+    case v1::Command::kSynchronizeEvent:
+    case v1::Command::kElapsedTime:
+    case v1::Command::kQueryStream:
+      return true;
+    case v1::Command::kOp:
+      return command.op().want_values();
+    default:
+      return false;
   }
 }
 
@@ -139,6 +164,7 @@ absl::Status Session::HandleBatch(v1::CommandBatch* batch) {
                                                    " commands; the limit is ",
                                                    kMaxCommandsPerBatch));
   }
+  absl::MutexLock lock(&dispatch_mu_);
   for (v1::Command& command : *batch->mutable_commands()) {
     commands_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t seq = command.seq();
@@ -154,18 +180,20 @@ absl::Status Session::HandleBatch(v1::CommandBatch* batch) {
   return absl::OkStatus();
 }
 
-void Session::Dispatch(v1::Command command) {
+void Session::Dispatch(v1::Command command, bool ordered) {
   const uint64_t seq = command.seq();
   const absl::string_view kind = CommandKindName(command);
-  if (has_seq_ && seq <= last_seq_) {
+  if (ordered && has_seq_ && seq <= last_seq_) {
     ReplyError(seq, kind,
                absl::InvalidArgumentError(absl::StrCat(
                    "command ", seq, " (", kind, ") does not follow command ", last_seq_,
                    ": sequence numbers must strictly increase within a session")));
     return;
   }
-  has_seq_ = true;
-  last_seq_ = seq;
+  if (ordered) {
+    has_seq_ = true;
+    last_seq_ = seq;
+  }
 
   const int device_count = backend_.runtime().DeviceCount();
   const auto check_device = [&]() {
@@ -195,7 +223,7 @@ void Session::Dispatch(v1::Command command) {
       AfterQueuedCommands(command.device(), [this, seq] {
         v1::Completion completion;
         completion.set_seq(seq);
-        reply_(std::move(completion));
+        Reply(std::move(completion));
       });
       return;
     }
@@ -268,7 +296,7 @@ void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
   v1::Completion completion;
   completion.set_seq(seq);
   completion.set_addr(*ptr);
-  reply_(std::move(completion));
+  Reply(std::move(completion));
 }
 
 void Session::ScheduleFree(uint64_t seq, int device, DevicePtr addr) {
@@ -346,6 +374,16 @@ void Session::Enqueue(v1::Command command) {
       absl::MutexLock lock(&gate_mu_);
       *source_ready = true;
     });
+  }
+  // The client waits for this command's reply, and its queue is idle (only
+  // this thread pushes to it): run it here rather than waking the worker,
+  // which saves two thread switches on every synchronous round trip.
+  const bool owes_reply = command.has_copy_from_device() ||
+                          (command.has_op() && command.op().want_values());
+  if (owes_reply && source_ready == nullptr && payload == 0 &&
+      (*state)->queue->pending() == 0) {
+    Execute(command, backend_stream);
+    return;
   }
   (*state)->queue->Push(
       [this, command = std::move(command), backend_stream, source_ready, payload]() {
@@ -565,7 +603,7 @@ void Session::QueryEvent(const v1::Command& command) {
   }
   v1::Completion completion = Done(seq);
   completion.set_ready(ready);
-  reply_(std::move(completion));
+  Reply(std::move(completion));
 }
 
 void Session::SynchronizeEvent(const v1::Command& command) {
@@ -575,13 +613,13 @@ void Session::SynchronizeEvent(const v1::Command& command) {
     return ReplyError(seq, "synchronize_event", s);
   }
   std::shared_ptr<EventRecord> record = LatestRecord(event);
-  if (record == nullptr) return reply_(Done(seq));
+  if (record == nullptr) return Reply(Done(seq));
   WhenIssued({record}, [this, seq, record] {
     if (record->handle != 0) {
       absl::Status s = backend_.runtime().SynchronizeEvent(record->device, record->handle);
       if (!s.ok()) return ReplyError(seq, "synchronize_event", s);
     }
-    reply_(Done(seq));
+    Reply(Done(seq));
   });
 }
 
@@ -633,7 +671,7 @@ void Session::ElapsedTime(const v1::Command& command) {
     if (!ms.ok()) return ReplyError(seq, "elapsed_time", ms.status());
     v1::Completion completion = Done(seq);
     completion.set_elapsed_ms(*ms);
-    reply_(std::move(completion));
+    Reply(std::move(completion));
   });
 }
 
@@ -685,7 +723,7 @@ void Session::QueryStream(const v1::Command& command) {
   }
   v1::Completion completion = Done(seq);
   completion.set_ready(ready);
-  reply_(std::move(completion));
+  Reply(std::move(completion));
 }
 
 void Session::SyncStream(const v1::Command& command) {
@@ -701,11 +739,16 @@ void Session::SyncStream(const v1::Command& command) {
       backend_stream = it->second->backend_stream;
     }
   }
-  if (queue == nullptr) return reply_(Done(seq));
+  if (queue == nullptr) return Reply(Done(seq));
+  if (queue->pending() == 0) {  // idle: answer from this thread
+    absl::Status s = backend_.runtime().SynchronizeStream(device, backend_stream);
+    if (!s.ok()) return ReplyError(seq, "sync", s);
+    return Reply(Done(seq));
+  }
   queue->Push([this, seq, device, backend_stream] {
     absl::Status s = backend_.runtime().SynchronizeStream(device, backend_stream);
     if (!s.ok()) return ReplyError(seq, "sync", s);
-    reply_(Done(seq));
+    Reply(Done(seq));
   });
 }
 
@@ -717,7 +760,9 @@ void Session::AfterQueuedCommands(int device, std::function<void()> action) {
       if (device < 0 || key.first == device) queues.push_back(state->queue.get());
     }
   }
-  if (queues.empty()) {
+  // Every queue idle (only this thread pushes to them): nothing to wait for.
+  if (std::all_of(queues.begin(), queues.end(),
+                  [](StreamQueue* queue) { return queue->pending() == 0; })) {
     action();
     return;
   }
@@ -755,7 +800,7 @@ void Session::Execute(const v1::Command& command, StreamHandle backend_stream) {
     status = absl::InternalError("flagosd failed to execute the command (unknown exception)");
   }
   if (!status.ok()) return ReplyError(command.seq(), CommandKindName(command), status);
-  if (reply) reply_(std::move(completion));
+  if (reply) Reply(std::move(completion));
 }
 
 absl::Status Session::ExecuteLocked(const v1::Command& command, StreamHandle backend_stream,
@@ -865,6 +910,74 @@ absl::Status Session::ExecuteLocked(const v1::Command& command, StreamHandle bac
   }
 }
 
+void Session::Reply(v1::Completion completion) {
+  uint64_t waiting = completion.seq();
+  if (waiting != 0 && sync_seq_.compare_exchange_strong(waiting, 0)) {
+    completion.set_errors_before(errors_sent_.load());
+    (void)WriteFrame(sync_fd_, completion);  // a client gone is seen by SyncLoop
+    return;
+  }
+  if (completion.code() != 0) errors_sent_.fetch_add(1);
+  reply_(std::move(completion));
+}
+
+void Session::StartSyncChannel(int fd) {
+  absl::MutexLock lock(&dispatch_mu_);
+  if (sync_closing_ || sync_fd_ >= 0) {
+    close(fd);
+    return;
+  }
+  sync_fd_ = fd;
+  sync_thread_ = std::thread(&Session::SyncLoop, this);
+}
+
+void Session::SyncLoop() {
+  while (true) {
+    std::string body;
+    if (absl::Status s = ReadFrame(sync_fd_, kMaxSyncFrameBytes, &body); !s.ok()) {
+      // Closed by the client or by Close(); anything else is worth a line.
+      if (!absl::IsUnavailable(s)) {
+        LogWarning(absl::StrCat("session ", id_, ": sync channel: ", s.message()));
+      }
+      shutdown(sync_fd_, SHUT_RDWR);  // the client's waiting call fails, never hangs
+      return;
+    }
+    v1::SyncRequest request;
+    if (!request.ParseFromString(body)) {
+      LogWarning(absl::StrCat("session ", id_, ": a sync-channel frame is not a SyncRequest; "
+                              "closing the channel"));
+      shutdown(sync_fd_, SHUT_RDWR);
+      return;
+    }
+    v1::Command& command = *request.mutable_command();
+    const uint64_t seq = command.seq();
+    commands_.fetch_add(1, std::memory_order_relaxed);
+    absl::MutexLock lock(&dispatch_mu_);
+    const uint64_t after = request.after_seq();
+    const auto caught_up = [this, after]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_) {
+      return sync_closing_ || (after == 0 || (has_seq_ && last_seq_ >= after));
+    };
+    dispatch_mu_.Await(absl::Condition(&caught_up));
+    if (sync_closing_) return;
+    sync_seq_.store(seq);
+    if (seq == 0 || !OwesReply(command)) {
+      ReplyError(seq, CommandKindName(command),
+                 absl::InvalidArgumentError(absl::StrCat(
+                     "command ", seq, " (", CommandKindName(command),
+                     ") cannot use the sync channel: only a command with a nonzero seq that "
+                     "owes a reply can; send it on the session stream")));
+      continue;
+    }
+    try {
+      Dispatch(std::move(command), /*ordered=*/false);
+    } catch (const std::exception& e) {
+      ReplyError(seq, "sync channel",
+                 absl::InternalError(absl::StrCat("flagosd failed to handle the command: ",
+                                                  e.what())));
+    }
+  }
+}
+
 void Session::ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status) {
   LogWarning(absl::StrCat("session ", id_, " (pid ", pid_, "): command ", seq, " (", kind,
                           ") failed: ", CodeName(status.code()), ": ", status.message()));
@@ -872,13 +985,20 @@ void Session::ReplyError(uint64_t seq, absl::string_view kind, const absl::Statu
   completion.set_seq(seq);
   completion.set_code(static_cast<int>(status.code()));
   completion.set_message(std::string(status.message()));
-  reply_(std::move(completion));
+  Reply(std::move(completion));
 }
 
 Session::CloseSummary Session::Close() {
   CloseSummary summary;
   if (closed_) return summary;
   closed_ = true;
+  {
+    absl::MutexLock lock(&dispatch_mu_);
+    sync_closing_ = true;  // releases a sync command waiting to dispatch
+  }
+  if (sync_fd_ >= 0) shutdown(sync_fd_, SHUT_RDWR);  // ends SyncLoop's read
+  if (sync_thread_.joinable()) sync_thread_.join();
+  if (sync_fd_ >= 0) close(sync_fd_);
   {
     absl::MutexLock lock(&gate_mu_);
     closing_ = true;  // releases commands waiting for another device

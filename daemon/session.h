@@ -38,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -104,6 +105,10 @@ class Session {
   // the attaching process's uid from the socket's peer credentials (-1 when
   // unknown). ALREADY_EXISTS when a region is attached already.
   absl::Status AttachStaging(const v1::StagingAttach& attach, int fd, int64_t uid);
+  // Serves the sync channel on `fd` (the attach connection; see SyncRequest
+  // in flagos.proto) from a thread of its own until the session closes.
+  // Takes `fd`. Called once, by the StagingListener after the attach.
+  void StartSyncChannel(int fd);
   // Bytes of messages received from / sent to the client on the session
   // stream (called by the service).
   void CountStreamBytes(uint64_t received, uint64_t sent) {
@@ -118,7 +123,15 @@ class Session {
     std::unique_ptr<StreamQueue> queue;
   };
 
-  void Dispatch(v1::Command command);
+  // `ordered`: the command came on the session stream and must follow the
+  // previous one's seq (sync-channel commands are ordered by after_seq).
+  void Dispatch(v1::Command command, bool ordered = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // The sync channel's thread.
+  void SyncLoop();
+  // Every reply goes through here: to the sync channel when it answers the
+  // command waiting there, else to the session stream.
+  void Reply(v1::Completion completion);
   void Allocate(uint64_t seq, int device, uint64_t nbytes);
   void ScheduleFree(uint64_t seq, int device, DevicePtr addr);
   void ExecuteFree(uint64_t seq, int device, DevicePtr addr);
@@ -200,10 +213,21 @@ class Session {
   const ReplyFn reply_;
   const std::unique_ptr<OpRunner> ops_;
 
+  // Serialises Dispatch between the reading thread and the sync channel.
+  absl::Mutex dispatch_mu_;
+  bool has_seq_ ABSL_GUARDED_BY(dispatch_mu_) = false;
+  uint64_t last_seq_ ABSL_GUARDED_BY(dispatch_mu_) = 0;
+  bool sync_closing_ ABSL_GUARDED_BY(dispatch_mu_) = false;
   // Reading thread only.
-  bool has_seq_ = false;
-  uint64_t last_seq_ = 0;
   bool closed_ = false;
+
+  // The sync channel: its socket (-1: none), thread, and the seq of the
+  // command whose reply it waits for (0: none).
+  int sync_fd_ = -1;
+  std::thread sync_thread_;
+  std::atomic<uint64_t> sync_seq_{0};
+  // Error completions sent on the session stream so far.
+  std::atomic<uint64_t> errors_sent_{0};
 
   std::atomic<uint64_t> commands_{0};
   std::atomic<uint64_t> stream_bytes_received_{0};

@@ -18,6 +18,7 @@
 #include "logging.h"
 #include "session.h"
 #include "session_registry.h"
+#include "unix_frames.h"
 
 namespace flagos::daemon {
 namespace {
@@ -31,16 +32,11 @@ absl::Status Errno(absl::string_view what) {
   return absl::FailedPreconditionError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
-void SendReply(int fd, const absl::Status& status) {
+bool SendReply(int fd, const absl::Status& status) {
   v1::StagingAttached reply;
   reply.set_code(static_cast<int>(status.code()));
   reply.set_message(std::string(status.message()));
-  const std::string body = reply.SerializeAsString();
-  std::string frame(4, '\0');
-  const uint32_t n = static_cast<uint32_t>(body.size());
-  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  frame += body;
-  (void)send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+  return WriteFrame(fd, reply);
 }
 
 }  // namespace
@@ -198,7 +194,15 @@ void StagingListener::Serve(int fd) {
     LogWarning(absl::StrCat("staging attach refused (peer pid ", have_peer ? peer.pid : -1,
                             "): ", status.message()));
   }
-  SendReply(fd, status);
+  // Attached: the connection stays open as the session's sync channel.
+  if (SendReply(fd, status) && status.ok()) {
+    // The channel may idle for as long as the session lives.
+    timeval none{0, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
+    session->StartSyncChannel(fd);
+    return;
+  }
   close(fd);
 }
 

@@ -149,6 +149,7 @@ void SessionConnection::ReadLoop(v1::ClientMessage open) {
 }
 
 void SessionConnection::DeliverLocked(v1::Completion* completion) {
+  if (completion->code() != 0) ++errors_received_;
   if (waiters_.Deliver(completion)) return;
   if (completion->code() == 0) return;  // nobody asked; nothing went wrong
   if (!async_error_.ok()) {
@@ -168,13 +169,18 @@ void SessionConnection::AttachStaging(const std::string& socket, const std::stri
   absl::StatusOr<std::unique_ptr<StagingRegion>> region =
       StagingRegion::Create(kStagingBytes, kStagingSlotBytes);
   absl::Status status = region.status();
-  if (status.ok()) status = (*region)->Attach(socket, session_id(), token, deadline);
+  absl::StatusOr<int> channel = absl::UnknownError("not attached");
+  if (status.ok()) {
+    channel = (*region)->Attach(socket, session_id(), token, deadline);
+    status = channel.status();
+  }
   if (!status.ok()) {
     LogOnce(absl::StrCat("flagos: no shared staging region with flagosd at ", endpoint_, " (",
                          status.message(), "); tensor bytes travel inside the session stream"));
     return;
   }
   staging_ = *std::move(region);
+  sync_ = std::make_unique<SyncChannel>(*channel);
 }
 
 void SessionConnection::FlushLoop() {
@@ -235,6 +241,7 @@ void SessionConnection::WakeFlusher() {
 uint64_t SessionConnection::AppendLocked(v1::Command command, std::string describe) {
   const uint64_t seq = next_seq_++;
   command.set_seq(seq);
+  last_stream_seq_ = seq;
   if (pending_.commands_size() == 0) pending_since_ = absl::Now();
   if (command.kind_case() == v1::Command::kCopyToDevice) {
     pending_bytes_ += command.copy_to_device().data().size();
@@ -334,18 +341,64 @@ absl::StatusOr<v1::Completion> SessionConnection::Await(uint64_t ticket) {
     return session_end_;
   }
   if (!async_error_.ok()) return TakeAsyncErrorLocked();
-  if (owned->completion.code() != 0) {
-    return absl::Status(
-        AbslCode(owned->completion.code()),
-        absl::StrCat("flagos: ", descriptions_.Describe(ticket), " failed: ",
-                     owned->completion.message().empty() ? CodeName(owned->completion.code())
-                                                         : owned->completion.message()));
-  }
+  if (owned->completion.code() != 0) return CompletionError(ticket, owned->completion);
   return std::move(owned->completion);
+}
+
+absl::Status SessionConnection::CompletionError(uint64_t seq,
+                                                const v1::Completion& completion) const {
+  return absl::Status(AbslCode(completion.code()),
+                      absl::StrCat("flagos: ", descriptions_.Describe(seq), " failed: ",
+                                   completion.message().empty() ? CodeName(completion.code())
+                                                                : completion.message()));
+}
+
+absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(v1::Command command,
+                                                                    std::string describe) {
+  absl::MutexLock sync_lock(&sync_mu_);
+  v1::SyncRequest request;
+  bool flush;
+  uint64_t seq;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status usable = UnusableLocked();
+    if (!usable.ok()) return usable;
+    seq = next_seq_++;
+    command.set_seq(seq);
+    descriptions_.Record(seq, std::move(describe));
+    // The daemon runs the command after every command sent before it.
+    request.set_after_seq(last_stream_seq_);
+    flush = pending_.commands_size() > 0;
+  }
+  if (flush) {
+    absl::MutexLock write_lock(&write_mu_);
+    SendPendingLocked().IgnoreError();  // a broken stream ends the call below
+  }
+  *request.mutable_command() = std::move(command);
+  absl::StatusOr<v1::Completion> reply = sync_->Call(request);
+  absl::MutexLock lock(&mu_);
+  if (!reply.ok()) {
+    if (!async_error_.ok()) return TakeAsyncErrorLocked();
+    if (!session_end_.ok()) return session_end_;
+    return closing_ ? ClosedError() : SessionEndedError(reply.status().message());
+  }
+  // Errors of earlier commands travel on the stream: raise them here, as a
+  // call on the stream would.
+  const uint64_t errors_before = reply->errors_before();
+  auto caught_up = [this, errors_before]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return errors_received_ >= errors_before || !session_end_.ok();
+  };
+  mu_.Await(absl::Condition(&caught_up));
+  if (!async_error_.ok()) return TakeAsyncErrorLocked();
+  if (reply->code() != 0) return CompletionError(seq, *reply);
+  return *std::move(reply);
 }
 
 absl::StatusOr<v1::Completion> SessionConnection::Call(v1::Command command,
                                                        std::string describe) {
+  if (sync_ != nullptr && OwesReply(command)) {
+    return CallOnSyncChannel(std::move(command), std::move(describe));
+  }
   absl::StatusOr<uint64_t> ticket = Submit(std::move(command), std::move(describe));
   if (!ticket.ok()) return ticket.status();
   return Await(*ticket);
@@ -456,6 +509,13 @@ absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst,
     copy->set_nbytes(n);
     copy->mutable_staged()->set_offset(chunk->offset);
     copy->mutable_staged()->set_nbytes(n);
+    if (n == nbytes) {
+      // One chunk: a plain call (the sync channel's short path).
+      absl::StatusOr<v1::Completion> completion = Call(std::move(command), describe);
+      if (completion.ok()) std::memcpy(out, chunk->data, n);
+      staging_->Release(chunk->offset);
+      return completion.status();
+    }
     absl::StatusOr<uint64_t> ticket = Submit(std::move(command), describe);
     if (!ticket.ok()) {
       staging_->Release(chunk->offset);
@@ -544,6 +604,7 @@ void SessionConnection::Close() {
   }
   watchdog.join();
   reader_.join();
+  if (sync_ != nullptr) sync_->Shutdown();
   WakeFlusher();
   if (flusher_.joinable()) flusher_.join();
 }

@@ -28,6 +28,7 @@
 #include "command_descriptions.h"
 #include "completion_waiters.h"
 #include "staging_region.h"
+#include "sync_channel.h"
 #include "flagos/client/connection.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "flagos/v1/flagos.pb.h"
@@ -84,6 +85,11 @@ class SessionConnection final : public Connection {
   // full; UNAVAILABLE when the session ends meanwhile.
   absl::StatusOr<StagingRegion::Chunk> ClaimChunk(uint64_t nbytes);
   void WakeFlusher();
+  // Call over the sync channel (a command that owes a reply).
+  absl::StatusOr<v1::Completion> CallOnSyncChannel(v1::Command command, std::string describe);
+  // A Completion's error as the caller sees it (naming the command).
+  absl::Status CompletionError(uint64_t seq, const v1::Completion& completion) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Handles one Completion from the daemon.
   void DeliverLocked(v1::Completion* completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Assigns the seq, records `describe`, appends to the pending batch.
@@ -112,6 +118,10 @@ class SessionConnection final : public Connection {
   std::thread flusher_;
   // Set by OpenSession when the daemon accepted the region; constant after.
   std::unique_ptr<StagingRegion> staging_;
+  // The attach socket, kept as the sync channel; set with staging_.
+  std::unique_ptr<SyncChannel> sync_;
+  // One sync-channel call at a time.
+  absl::Mutex sync_mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
 
   absl::Mutex close_mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
   bool close_finished_ ABSL_GUARDED_BY(close_mu_) = false;
@@ -126,6 +136,10 @@ class SessionConnection final : public Connection {
   v1::CommandBatch pending_ ABSL_GUARDED_BY(mu_);
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pending_staged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The seq of the last command appended to a batch (sync-channel commands
+  // are not), and the error Completions read from the stream so far.
+  uint64_t last_stream_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t errors_received_ ABSL_GUARDED_BY(mu_) = 0;
   // Batches sent so far; the idle flusher sends a batch only if it is still
   // the one it saw start.
   uint64_t batches_sent_ ABSL_GUARDED_BY(mu_) = 0;

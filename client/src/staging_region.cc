@@ -81,8 +81,8 @@ StagingRegion::~StagingRegion() {
   close(fd_);
 }
 
-absl::Status StagingRegion::Attach(const std::string& socket_path, uint64_t session_id,
-                                   const std::string& token, absl::Time deadline) {
+absl::StatusOr<int> StagingRegion::Attach(const std::string& socket_path, uint64_t session_id,
+                                          const std::string& token, absl::Time deadline) {
   v1::StagingAttach attach;
   attach.set_session_id(session_id);
   attach.set_token(token);
@@ -106,7 +106,9 @@ absl::Status StagingRegion::Attach(const std::string& socket_path, uint64_t sess
   if (sock < 0) return Errno("staging attach: socket failed");
   struct Closer {
     int fd;
-    ~Closer() { close(fd); }
+    ~Closer() {
+      if (fd >= 0) close(fd);
+    }
   } closer{sock};
   if (connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     return Errno(absl::StrCat("staging attach: cannot connect to ", socket_path));
@@ -153,7 +155,8 @@ absl::Status StagingRegion::Attach(const std::string& socket_path, uint64_t sess
     return absl::Status(static_cast<absl::StatusCode>(attached.code()),
                         absl::StrCat("staging attach refused: ", attached.message()));
   }
-  return absl::OkStatus();
+  closer.fd = -1;
+  return sock;
 }
 
 uint8_t StagingRegion::LoadFlag(uint64_t slot) const {

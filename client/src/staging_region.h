@@ -46,8 +46,10 @@ class StagingRegion {
 
   // Sends the region to the daemon for session `session_id` over the Unix
   // socket `socket_path` and waits (until `deadline`) for its answer.
-  absl::Status Attach(const std::string& socket_path, uint64_t session_id,
-                      const std::string& token, absl::Time deadline);
+  // Returns the connected socket, which stays open as the session's sync
+  // channel (the caller owns it).
+  absl::StatusOr<int> Attach(const std::string& socket_path, uint64_t session_id,
+                             const std::string& token, absl::Time deadline);
 
   // Claims a chunk of `nbytes` (0 < nbytes ≤ max_chunk()); nullopt when the
   // ring has no room now (retry once earlier chunks are freed).

@@ -174,6 +174,39 @@ TEST_F(StagingTest, StagedBytesOutsideTheDataAreaAreAnErrorAndTheSessionGoesOn) 
   EXPECT_EQ(back, 42u);
 }
 
+TEST_F(StagingTest, TheSyncChannelRaisesAnEarlierAsynchronousError) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  ASSERT_TRUE(connection->staging());
+  const uint64_t addr = Allocate(*connection, 1 << 20);
+  // Fails when it runs (outside every segment) and owes no reply: its error
+  // travels on the session stream while the download below is answered on
+  // the sync channel; the download must still raise it.
+  v1::Command bad;
+  bad.mutable_memset()->set_addr(addr + (4 << 20));
+  bad.mutable_memset()->set_nbytes(16);
+  connection->Enqueue(bad, "the bad memset");
+  uint32_t back = 0;
+  absl::Status status = connection->Download(0, 0, &back, addr, 4, "download");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("the bad memset"), std::string::npos) << status;
+  // Raised once; the session goes on.
+  EXPECT_TRUE(connection->Download(0, 0, &back, addr, 4, "download").ok());
+}
+
+TEST_F(StagingTest, TheSyncChannelServesAfterLongIdlePeriods) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  ASSERT_TRUE(connection->staging());
+  const uint64_t addr = Allocate(*connection, 1 << 20);
+  uint32_t value = 7, back = 0;
+  ASSERT_TRUE(connection->Upload(0, 0, addr, &value, 4, "upload").ok());
+  // Longer than the attach's 2 s socket timeouts, which must not carry over.
+  absl::SleepFor(absl::Milliseconds(2500));
+  ASSERT_TRUE(connection->Download(0, 0, &back, addr, 4, "download").ok());
+  EXPECT_EQ(back, 7u);
+}
+
 TEST_F(StagingTest, AttachNeedsTheSessionsToken) {
   auto connection = Connect();
   ASSERT_NE(connection, nullptr);
@@ -184,11 +217,12 @@ TEST_F(StagingTest, AttachNeedsTheSessionsToken) {
   ASSERT_TRUE(region.ok()) << region.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
 
-  absl::Status wrong = (*region)->Attach(socket, connection->session_id(),
-                                         std::string(16, 'x'), deadline);
-  EXPECT_EQ(wrong.code(), absl::StatusCode::kPermissionDenied) << wrong;
-  absl::Status missing = (*region)->Attach(socket, 999999, std::string(16, 'x'), deadline);
-  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  absl::StatusOr<int> wrong = (*region)->Attach(socket, connection->session_id(),
+                                                std::string(16, 'x'), deadline);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied) << wrong.status();
+  absl::StatusOr<int> missing =
+      (*region)->Attach(socket, 999999, std::string(16, 'x'), deadline);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
 }
 
 TEST(DaemonStagingRegion, AcceptsOnlySealedMemfdsThatHoldTheLayout) {

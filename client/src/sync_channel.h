@@ -1,0 +1,38 @@
+// SyncChannel: the session's fast path for one synchronous command at a
+// time (flagos.proto, SyncRequest): length-prefixed frames on the Unix
+// socket the staging region was attached over. A round trip is one write
+// and one blocking read in the calling thread, with no gRPC threads in
+// between.
+//
+// Thread safety: Call is not reentrant; the owner serialises it. Shutdown
+// may be called from any thread and makes a blocked Call return.
+#ifndef FLAGOS_CLIENT_SRC_SYNC_CHANNEL_H_
+#define FLAGOS_CLIENT_SRC_SYNC_CHANNEL_H_
+
+#include "absl/status/statusor.h"
+#include "flagos/v1/flagos.pb.h"
+
+namespace flagos::client {
+
+class SyncChannel {
+ public:
+  // Takes the connected socket `fd`.
+  explicit SyncChannel(int fd) : fd_(fd) {}
+  ~SyncChannel();
+
+  SyncChannel(const SyncChannel&) = delete;
+  SyncChannel& operator=(const SyncChannel&) = delete;
+
+  // Sends `request`, returns the daemon's Completion. UNAVAILABLE when the
+  // channel is closed (the daemon ended the session or Shutdown was called).
+  absl::StatusOr<v1::Completion> Call(const v1::SyncRequest& request);
+
+  void Shutdown();
+
+ private:
+  const int fd_;
+};
+
+}  // namespace flagos::client
+
+#endif  // FLAGOS_CLIENT_SRC_SYNC_CHANNEL_H_
