@@ -35,6 +35,15 @@ at::Tensor HostStaging(const at::Tensor& like, const at::Tensor& src) {
   return staging;
 }
 
+// Whether `host`'s memory already holds `device`'s bytes in the same
+// layout, so they can move without a staging copy: same dtype, sizes and
+// strides, a dense block, and no lazy conj/neg bits on either side.
+bool SameBytes(const at::Tensor& host, const at::Tensor& device) {
+  return host.scalar_type() == device.scalar_type() && host.sizes() == device.sizes() &&
+         host.strides() == device.strides() && IsDenseBlock(host) && !host.is_conj() &&
+         !host.is_neg() && !device.is_conj() && !device.is_neg();
+}
+
 // The values whose raw bytes make `t` read as `logical` once its lazy
 // conj/neg bits apply (the bits are involutions).
 at::Tensor ApplyBits(const at::Tensor& t, at::Tensor logical) {
@@ -46,6 +55,10 @@ at::Tensor ApplyBits(const at::Tensor& t, at::Tensor logical) {
 void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst) {
   if (dst.numel() == 0) return;
   if (IsDenseBlock(dst)) {
+    if (SameBytes(src, dst)) {  // straight from the source's memory
+      UploadBytes(dst.device().index(), ElementAddr(dst), src.const_data_ptr(), dst.nbytes());
+      return;
+    }
     at::Tensor staging = HostStaging(dst, src);
     if (dst.is_conj() || dst.is_neg()) staging = HostStaging(dst, ApplyBits(dst, staging));
     UploadBytes(dst.device().index(), ElementAddr(dst), staging.const_data_ptr(),
@@ -65,6 +78,10 @@ void CopyDeviceToHost(const at::Tensor& src, const at::Tensor& dst) {
     at::Tensor dense = at::empty(src.sizes(), src.options());
     EnqueueDeviceCopy(dense, src);
     CopyDeviceToHost(dense, dst);
+    return;
+  }
+  if (SameBytes(dst, src)) {  // straight into the destination's memory
+    DownloadBytes(src.device().index(), ElementAddr(src), dst.data_ptr(), src.nbytes());
     return;
   }
   at::Tensor staging = at::empty_strided(src.sizes(), src.strides(),
