@@ -9,6 +9,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -91,18 +94,152 @@ ReturnShape ClassifyReturn(const TypePtr& type) {
   return ReturnShape::kOther;
 }
 
+// Where a value sits in a call ("argument 'self' (#0)", "... element 2",
+// "output 0", "out argument 'out'"), for error messages: the text is built
+// only when one is reported.
+class Where {
+ public:
+  static Where Argument(const std::string& name, size_t index) {
+    return Where(Kind::kArgument, &name, static_cast<int>(index));
+  }
+  static Where Output(int index) { return Where(Kind::kOutput, nullptr, index); }
+  static Where OutArgument(const std::string& name) {
+    return Where(Kind::kOutArgument, &name, 0);
+  }
+  static Where Text(absl::string_view text) {
+    Where where(Kind::kText, nullptr, 0);
+    where.text_ = text;
+    return where;
+  }
+  // Element `index` of the list this names; `*this` must outlive the result.
+  Where Element(int index) const {
+    Where where(Kind::kElement, nullptr, index);
+    where.parent_ = this;
+    return where;
+  }
+
+  std::string str() const {
+    switch (kind_) {
+      case Kind::kArgument: return absl::StrCat("argument '", *name_, "' (#", index_, ")");
+      case Kind::kOutput: return absl::StrCat("output ", index_);
+      case Kind::kOutArgument: return absl::StrCat("out argument '", *name_, "'");
+      case Kind::kText: return std::string(text_);
+      case Kind::kElement: return absl::StrCat(parent_->str(), " element ", index_);
+    }
+    return std::string();
+  }
+
+ private:
+  enum class Kind { kArgument, kOutput, kOutArgument, kText, kElement };
+  Where(Kind kind, const std::string* name, int index) : kind_(kind), name_(name), index_(index) {}
+
+  Kind kind_;
+  const std::string* name_ = nullptr;
+  int index_ = 0;
+  const Where* parent_ = nullptr;
+  absl::string_view text_;
+};
+
 // Runs `fn`, turning exceptions (c10 ones included) into a status.
 template <typename Fn>
-absl::Status Guarded(const std::string& op_name, absl::string_view what, Fn&& fn) {
+absl::Status Guarded(const std::string& op_name, const Where& where, Fn&& fn) {
   try {
     return fn();
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(op_name, ": ", what, ": ", e.what_without_backtrace()));
+        absl::StrCat(op_name, ": ", where.str(), ": ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(op_name, ": ", what, ": ", e.what()));
+    return absl::InternalError(absl::StrCat(op_name, ": ", where.str(), ": ", e.what()));
   }
 }
+
+// Tensors over device memory made by WrapDeviceMemory for earlier calls on
+// this thread, handed out again for the same (backend, device, address,
+// sizes, strides, dtype): a tiny op then costs no tensor construction. A
+// tensor is reused only when nothing else holds it or its storage (the
+// previous call's stack is gone) and it still is exactly as made (a kernel
+// may restride an argument in place, or set_ it to other memory). The
+// caller checks the range first, as for a fresh tensor: a kept tensor over
+// memory since freed is never handed out for an address the session does
+// not hold now. WrapDeviceMemory makes a plain view of the memory (it owns
+// nothing), so a kept one is the tensor it would make again.
+class WrappedTensorCache {
+ public:
+  static constexpr size_t kSlots = 64;  // direct-mapped, per thread
+  static constexpr size_t kMaxRank = 6;
+
+  struct Entry {
+    const void* backend = nullptr;
+    int device = -1;
+    uint64_t addr = 0;
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
+    size_t rank = 0;
+    int64_t sizes[kMaxRank] = {};
+    int64_t strides[kMaxRank] = {};
+    // What the tensor was made as, to notice in-place metadata changes.
+    const c10::StorageImpl* storage = nullptr;
+    size_t storage_nbytes = 0;
+    c10::DispatchKeySet key_set;
+    at::Tensor tensor;
+  };
+
+  // A lookup's result: the tensor to reuse (hit), or where to keep a new one.
+  struct Slot {
+    bool hit = false;
+    const at::Tensor* tensor = nullptr;
+    Entry* entry = nullptr;  // nullptr: not cacheable (rank too high)
+    void Keep(const at::Tensor& made) {
+      if (entry == nullptr || !made.has_storage()) return;
+      entry->tensor = made;
+      entry->storage = made.storage().unsafeGetStorageImpl();
+      entry->storage_nbytes = made.storage().nbytes();
+      entry->key_set = made.key_set();
+    }
+  };
+
+  static Slot Find(const void* backend, int device, uint64_t addr, c10::IntArrayRef sizes,
+                   c10::IntArrayRef strides, c10::ScalarType dtype) {
+    Slot slot;
+    if (sizes.size() > kMaxRank || strides.size() != sizes.size()) return slot;
+    thread_local std::array<Entry, kSlots> entries;
+    uint64_t h = addr ^ (static_cast<uint64_t>(dtype) << 56) ^ (sizes.size() << 48);
+    for (int64_t size : sizes) h = h * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(size);
+    Entry& entry = entries[(h ^ (h >> 29)) % kSlots];
+    slot.entry = &entry;
+    if (entry.tensor.defined() && entry.backend == backend && entry.device == device &&
+        entry.addr == addr && entry.dtype == dtype && entry.rank == sizes.size() &&
+        std::equal(sizes.begin(), sizes.end(), entry.sizes) &&
+        std::equal(strides.begin(), strides.end(), entry.strides) && Unchanged(entry)) {
+      slot.hit = true;
+      slot.tensor = &entry.tensor;
+      return slot;
+    }
+    entry.tensor = at::Tensor();  // releases the previous occupant now
+    entry.backend = backend;
+    entry.device = device;
+    entry.addr = addr;
+    entry.dtype = dtype;
+    entry.rank = sizes.size();
+    std::copy(sizes.begin(), sizes.end(), entry.sizes);
+    std::copy(strides.begin(), strides.end(), entry.strides);
+    return slot;
+  }
+
+ private:
+  static bool Unchanged(const Entry& entry) {
+    const at::Tensor& t = entry.tensor;
+    if (t.use_count() != 1 || !t.has_storage()) return false;
+    const c10::Storage& storage = t.storage();
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    return storage.unsafeGetStorageImpl() == entry.storage && storage.use_count() == 1 &&
+           storage.nbytes() == entry.storage_nbytes &&
+           reinterpret_cast<uint64_t>(storage.data_ptr().get()) == entry.addr &&
+           impl->storage_offset() == 0 && t.key_set() == entry.key_set &&
+           t.scalar_type() == entry.dtype && !t.requires_grad() &&
+           t.sizes().equals(c10::IntArrayRef(entry.sizes, entry.rank)) &&
+           t.strides().equals(c10::IntArrayRef(entry.strides, entry.rank));
+  }
+};
 
 // Decodes one call's arguments and handles its returns.
 class CallContext {
@@ -112,7 +249,7 @@ class CallContext {
       : backend_(backend), device_(device), op_name_(op_name), check_(check) {}
 
   absl::StatusOr<c10::IValue> Decode(const v1::Value& value, const TypePtr& type,
-                                     const std::string& where) {
+                                     const Where& where) {
     const TypeKind kind = type->kind();
     if (kind == TypeKind::OptionalType) {
       if (value.has_none()) return c10::IValue();
@@ -120,7 +257,7 @@ class CallContext {
       return Decode(value, type->expectRef<c10::OptionalType>().getElementType(), where);
     }
     const auto mismatch = [&]() {
-      return absl::InvalidArgumentError(absl::StrCat(op_name_, ": ", where, " has type ",
+      return absl::InvalidArgumentError(absl::StrCat(op_name_, ": ", where.str(), " has type ",
                                                      type->str(), " but the command sends ",
                                                      ValueKindName(value)));
     };
@@ -173,7 +310,7 @@ class CallContext {
         if (!value.has_generator()) return mismatch();
         if (backend_.executor().AtenDevice(device_).type() != c10::kCPU) {
           return absl::UnimplementedError(absl::StrCat(
-              op_name_, ": ", where, ": random generators are not implemented for the ",
+              op_name_, ": ", where.str(), ": random generators are not implemented for the ",
               backend_.name(), " backend"));
         }
         const v1::GeneratorValue& g = value.generator();
@@ -183,36 +320,44 @@ class CallContext {
       case TypeKind::ListType:
         return DecodeList(value, type->expectRef<c10::ListType>().getElementType(), where);
       default:
-        return absl::UnimplementedError(absl::StrCat(op_name_, ": ", where, " has type ",
+        return absl::UnimplementedError(absl::StrCat(op_name_, ": ", where.str(), " has type ",
                                                      type->str(),
                                                      ", which flagosd cannot decode yet"));
     }
   }
 
   // A tensor over device memory, after checking its descriptor and range.
-  absl::StatusOr<at::Tensor> WrapTensor(const v1::TensorRef& ref, const std::string& where) {
+  absl::StatusOr<at::Tensor> WrapTensor(const v1::TensorRef& ref, const Where& where) {
     if (ref.undefined()) return at::Tensor();
     absl::StatusOr<TensorExtent> extent = ComputeTensorExtent(ref);
     if (!extent.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(op_name_, ": ", where, ": ", extent.status().message()));
+          absl::StrCat(op_name_, ": ", where.str(), ": ", extent.status().message()));
     }
-    if (absl::Status s = CheckDevice(ref.device(), backend_.runtime().DeviceCount(),
-                                     absl::StrCat(op_name_, ": ", where));
-        !s.ok()) {
-      return s;
+    const int device_count = backend_.runtime().DeviceCount();
+    if (ref.device() < 0 || ref.device() >= device_count) {
+      return CheckDevice(ref.device(), device_count, absl::StrCat(op_name_, ": ", where.str()));
     }
     // An empty tensor reads and writes nothing (and its address may be 0);
     // its storage cannot grow, so no kernel can write through it.
     if (extent->numel > 0) {
       if (absl::Status s = check_(ref.device(), extent->begin, extent->nbytes); !s.ok()) return s;
     }
-    std::vector<int64_t> sizes(ref.sizes().begin(), ref.sizes().end());
-    std::vector<int64_t> strides(ref.strides().begin(), ref.strides().end());
+    // The ref's repeated fields are contiguous int64s: no copies.
+    const c10::IntArrayRef sizes(ref.sizes().data(), ref.sizes_size());
+    const c10::IntArrayRef strides(ref.strides().data(), ref.strides_size());
+    const auto dtype = static_cast<c10::ScalarType>(ref.dtype());
     at::Tensor tensor;
     absl::Status status = Guarded(op_name_, where, [&]() {
-      tensor = backend_.executor().WrapDeviceMemory(ref.device(), extent->begin, sizes, strides,
-                                                    static_cast<c10::ScalarType>(ref.dtype()));
+      WrappedTensorCache::Slot slot =
+          WrappedTensorCache::Find(&backend_, ref.device(), extent->begin, sizes, strides, dtype);
+      if (slot.hit) {
+        tensor = *slot.tensor;
+      } else {
+        tensor = backend_.executor().WrapDeviceMemory(ref.device(), extent->begin, sizes,
+                                                      strides, dtype);
+        slot.Keep(tensor);
+      }
       // The client's lazy conj/neg bits, as views the kernels understand.
       if (ref.conj()) tensor = tensor._conj();
       if (ref.neg()) tensor = tensor._neg_view();
@@ -272,27 +417,25 @@ class CallContext {
   }
 
  private:
-  absl::StatusOr<c10::IValue> DecodeDevice(const v1::DeviceValue& device,
-                                           const std::string& where) {
+  absl::StatusOr<c10::IValue> DecodeDevice(const v1::DeviceValue& device, const Where& where) {
     if (device.type() == "cpu") return c10::IValue(c10::Device(c10::kCPU));
     const int index = device.index() < 0 ? device_ : device.index();
-    if (absl::Status s = CheckDevice(index, backend_.runtime().DeviceCount(),
-                                     absl::StrCat(op_name_, ": ", where));
-        !s.ok()) {
-      return s;
+    const int device_count = backend_.runtime().DeviceCount();
+    if (index < 0 || index >= device_count) {
+      return CheckDevice(index, device_count, absl::StrCat(op_name_, ": ", where.str()));
     }
     return c10::IValue(backend_.executor().AtenDevice(index));
   }
 
   absl::StatusOr<c10::IValue> DecodeList(const v1::Value& value, const TypePtr& element,
-                                         const std::string& where) {
+                                         const Where& where) {
     const TypeKind kind = element->kind();
     const auto mismatch = [&]() {
-      return absl::InvalidArgumentError(absl::StrCat(op_name_, ": ", where, " has type ",
+      return absl::InvalidArgumentError(absl::StrCat(op_name_, ": ", where.str(), " has type ",
                                                      element->str(), "[] but the command sends ",
                                                      ValueKindName(value)));
     };
-    const auto element_where = [&](int i) { return absl::StrCat(where, " element ", i); };
+    const auto element_where = [&](int i) { return where.Element(i); };
     if (IsIntLike(kind)) {
       std::vector<int64_t> ints;
       if (value.has_ints()) {
@@ -355,11 +498,11 @@ class CallContext {
 
   // A tensor holding a copy of `host`'s bytes. Dimensionless host tensors
   // stay on the CPU (PyTorch accepts CPU scalars next to device tensors).
-  absl::StatusOr<at::Tensor> HostTensor(const v1::HostTensor& host, const std::string& where) {
+  absl::StatusOr<at::Tensor> HostTensor(const v1::HostTensor& host, const Where& where) {
     absl::StatusOr<int64_t> numel = CheckHostTensor(host);
     if (!numel.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(op_name_, ": ", where, ": ", numel.status().message()));
+          absl::StrCat(op_name_, ": ", where.str(), ": ", numel.status().message()));
     }
     at::Tensor tensor;
     absl::Status status = Guarded(op_name_, where, [&]() {
@@ -390,7 +533,7 @@ class CallContext {
     const int index = (*next_output)++;
     const v1::TensorRef& ref = call.outputs(index);
     if (ref.undefined() || !result.defined()) return absl::OkStatus();
-    const std::string where = absl::StrCat("output ", index);
+    const Where where = Where::Output(index);
     absl::StatusOr<at::Tensor> destination = WrapTensor(ref, where);
     if (!destination.ok()) return destination.status();
     return CopyInto(*destination, result, where);
@@ -399,10 +542,10 @@ class CallContext {
  public:
   // Copies a result into device memory; the sizes must agree.
   absl::Status CopyInto(const at::Tensor& destination, const at::Tensor& result,
-                        const std::string& where) {
+                        const Where& where) {
     if (destination.sizes() != result.sizes()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          op_name_, ": ", where, " has sizes ", SizesString(destination.sizes()),
+          op_name_, ": ", where.str(), " has sizes ", SizesString(destination.sizes()),
           " but the op produced sizes ", SizesString(result.sizes()),
           "; the client's shape inference disagrees with the kernel"));
     }
@@ -411,7 +554,7 @@ class CallContext {
     torch::jit::Stack stack{c10::IValue(destination), c10::IValue(result), c10::IValue(false)};
     absl::Status status = backend_.executor().Call(device_, copy, &stack);
     if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat(op_name_, ": copying ", where, ": ",
+      return absl::Status(status.code(), absl::StrCat(op_name_, ": copying ", where.str(), ": ",
                                                       status.message()));
     }
     return absl::OkStatus();
@@ -474,7 +617,7 @@ class CallContext {
       out->set_none(true);
       return absl::OkStatus();
     }
-    return Guarded(op_name_, "returning a tensor by value", [&]() {
+    return Guarded(op_name_, Where::Text("returning a tensor by value"), [&]() {
       const at::Tensor host = tensor.to(c10::kCPU).contiguous();
       v1::HostTensor* h = out->mutable_host_tensor();
       for (int64_t size : host.sizes()) h->add_sizes(size);
@@ -497,14 +640,64 @@ class CallContext {
 
 // An out= argument and the resizable tensor the kernel writes instead.
 struct OutArgument {
-  std::string name;
-  at::Tensor destination;  // over the session's segment
+  const std::string* name;  // the schema's
+  at::Tensor destination;   // over the session's segment
   at::Tensor scratch;
+};
+
+// A registered operator and what every call of it needs, worked out once.
+struct RegisteredOp {
+  RegisteredOp(const c10::OperatorHandle& handle, std::string name)
+      : handle(handle), name(std::move(name)) {
+    for (const c10::Argument& argument : handle.schema().arguments()) {
+      has_out_arguments |= argument.is_out();
+    }
+  }
+
+  c10::OperatorHandle handle;
+  // "aten::add.Tensor": errors name the op so.
+  std::string name;
+  bool has_out_arguments = false;
+};
+
+// The boxed stack of a call: one vector per thread, reused (no allocation
+// per call), emptied when the call is over. A nested call on the thread (none
+// is expected) gets a stack of its own.
+class StackLease {
+ public:
+  StackLease() : stack_(Acquire()) { stack_.clear(); }
+  ~StackLease() {
+    stack_.clear();
+    if (&stack_ == &Shared()) InUse() = false;
+  }
+  StackLease(const StackLease&) = delete;
+  StackLease& operator=(const StackLease&) = delete;
+  torch::jit::Stack& get() { return stack_; }
+
+ private:
+  static torch::jit::Stack& Shared() {
+    thread_local torch::jit::Stack stack;
+    return stack;
+  }
+  static bool& InUse() {
+    thread_local bool in_use = false;
+    return in_use;
+  }
+  torch::jit::Stack& Acquire() {
+    if (InUse()) return own_;
+    InUse() = true;
+    return Shared();
+  }
+
+  torch::jit::Stack own_;
+  torch::jit::Stack& stack_;
 };
 
 class OpRunnerImpl final : public OpRunner {
  public:
-  explicit OpRunnerImpl(const Backend& backend) : backend_(backend) {}
+  explicit OpRunnerImpl(const Backend& backend) : backend_(backend) {
+    for (auto& slot : dense_) slot.store(nullptr, std::memory_order_relaxed);
+  }
 
   absl::Status Register(uint32_t op_id, const std::string& name,
                         const std::string& overload) override {
@@ -524,14 +717,15 @@ class OpRunnerImpl final : public OpRunner {
                                               " is not registered in flagosd's torch ",
                                               TorchVersion()));
     }
+    auto registered = std::make_unique<RegisteredOp>(*handle, OpName(handle->operator_name()));
     absl::MutexLock lock(&mu_);
-    auto [it, inserted] = ops_.try_emplace(op_id, *handle);
+    auto [it, inserted] = ops_.try_emplace(op_id, std::move(registered));
     if (!inserted) {
       return absl::InvalidArgumentError(absl::StrCat(
           "register_op ", full_name, ": op id ", op_id,
-          " is already registered in this session (as ", OpName(it->second.operator_name()),
-          "); mint a new id"));
+          " is already registered in this session (as ", it->second->name, "); mint a new id"));
     }
+    if (op_id < kDenseOps) dense_[op_id].store(it->second.get(), std::memory_order_release);
     return absl::OkStatus();
   }
 
@@ -548,21 +742,29 @@ class OpRunnerImpl final : public OpRunner {
   }
 
  private:
+  // Ids below this (clients mint them from 1) are found without a lock.
+  static constexpr uint32_t kDenseOps = 4096;
+
+  const RegisteredOp* Find(uint32_t op_id) {
+    if (op_id < kDenseOps) {
+      if (const RegisteredOp* op = dense_[op_id].load(std::memory_order_acquire)) return op;
+    }
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = ops_.find(op_id);
+    return it == ops_.end() ? nullptr : it->second.get();
+  }
+
   absl::Status RunUnguarded(int device, const v1::OpCall& call, RangeCheck check,
                             v1::Completion* completion) {
-    std::optional<c10::OperatorHandle> op;
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      auto it = ops_.find(call.op_id());
-      if (it != ops_.end()) op = it->second;
-    }
-    if (!op.has_value()) {
+    const RegisteredOp* registered = Find(call.op_id());
+    if (registered == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("op id ", call.op_id(),
                                                      " is not registered in this session; send "
                                                      "register_op before using it"));
     }
-    const std::string op_name = OpName(op->operator_name());
-    const c10::FunctionSchema& schema = op->schema();
+    const c10::OperatorHandle& op = registered->handle;
+    const std::string& op_name = registered->name;
+    const c10::FunctionSchema& schema = op.schema();
     const std::vector<c10::Argument>& arguments = schema.arguments();
     if (static_cast<size_t>(call.args_size()) > arguments.size()) {
       return absl::InvalidArgumentError(absl::StrCat(op_name, " takes ", arguments.size(),
@@ -570,15 +772,16 @@ class OpRunnerImpl final : public OpRunner {
                                                      call.args_size()));
     }
     CallContext context(backend_, device, op_name, check);
-    torch::jit::Stack stack;
+    StackLease lease;
+    torch::jit::Stack& stack = lease.get();
     stack.reserve(arguments.size());
     for (size_t i = 0; i < arguments.size(); ++i) {
       const c10::Argument& argument = arguments[i];
-      const std::string where = absl::StrCat("argument '", argument.name(), "' (#", i, ")");
+      const Where where = Where::Argument(argument.name(), i);
       if (i >= static_cast<size_t>(call.args_size())) {
         if (!argument.default_value().has_value()) {
           return absl::InvalidArgumentError(absl::StrCat(
-              op_name, ": ", where, " is missing and has no default; the command sends ",
+              op_name, ": ", where.str(), " is missing and has no default; the command sends ",
               call.args_size(), " of ", arguments.size(), " arguments"));
         }
         stack.push_back(*argument.default_value());
@@ -593,16 +796,18 @@ class OpRunnerImpl final : public OpRunner {
     // do. The kernel gets a resizable tensor of the same shape; its result
     // is copied into the segment afterwards.
     std::vector<OutArgument> outs;
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      if (!arguments[i].is_out() || !stack[i].isTensor()) continue;
-      const at::Tensor destination = stack[i].toTensor();
-      if (!destination.defined()) continue;
-      at::Tensor scratch = at::empty_strided(destination.sizes(), destination.strides(),
-                                             destination.options());
-      stack[i] = c10::IValue(scratch);
-      outs.push_back(OutArgument{arguments[i].name(), destination, std::move(scratch)});
+    if (registered->has_out_arguments) {
+      for (size_t i = 0; i < arguments.size(); ++i) {
+        if (!arguments[i].is_out() || !stack[i].isTensor()) continue;
+        const at::Tensor destination = stack[i].toTensor();
+        if (!destination.defined()) continue;
+        at::Tensor scratch = at::empty_strided(destination.sizes(), destination.strides(),
+                                               destination.options());
+        stack[i] = c10::IValue(scratch);
+        outs.push_back(OutArgument{&arguments[i].name(), destination, std::move(scratch)});
+      }
     }
-    if (absl::Status s = CallOp(device, *op, call, &stack); !s.ok()) return s;
+    if (absl::Status s = CallOp(device, op, call, &stack); !s.ok()) return s;
     // On the synchronous path (want_values, no outputs) an out= argument the
     // kernel resized (a data-dependent size) cannot land in the client's
     // segment: it travels back by value and the client resizes and uploads.
@@ -614,7 +819,7 @@ class OpRunnerImpl final : public OpRunner {
         continue;
       }
       if (absl::Status s = context.CopyInto(out.destination, out.scratch,
-                                            absl::StrCat("out argument '", out.name, "'"));
+                                            Where::OutArgument(*out.name));
           !s.ok()) {
         return s;
       }
@@ -632,7 +837,7 @@ class OpRunnerImpl final : public OpRunner {
         v1::Value* value = completion->add_values();
         value->set_none(true);
         for (const OutArgument* out : resized) {
-          if (out->name != arguments[i].name()) continue;
+          if (*out->name != arguments[i].name()) continue;
           if (absl::Status s = context.EncodeByValue(out->scratch, value); !s.ok()) return s;
         }
       }
@@ -660,7 +865,10 @@ class OpRunnerImpl final : public OpRunner {
 
   const Backend& backend_;
   absl::Mutex mu_;
-  absl::flat_hash_map<uint32_t, c10::OperatorHandle> ops_ ABSL_GUARDED_BY(mu_);
+  // Entries are never removed: pointers to them stay valid.
+  absl::flat_hash_map<uint32_t, std::unique_ptr<RegisteredOp>> ops_ ABSL_GUARDED_BY(mu_);
+  // ops_[id] for ids below kDenseOps, readable without mu_.
+  std::array<std::atomic<const RegisteredOp*>, kDenseOps> dense_;
   // Serialises the ops that use the default generator (CallOp).
   absl::Mutex implicit_generator_mu_;
 };

@@ -18,6 +18,17 @@ void StreamQueue::Push(Task task) {
   tasks_.push_back(std::move(task));
 }
 
+void StreamQueue::PushAll(std::vector<Task>* tasks) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      for (Task& task : *tasks) tasks_.push_back(std::move(task));
+    }
+  }
+  // Tasks dropped after Stop() are destroyed outside the lock.
+  tasks->clear();
+}
+
 void StreamQueue::Stop() {
   std::deque<Task> dropped;
   {

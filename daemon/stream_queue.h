@@ -11,6 +11,7 @@
 #include <deque>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
@@ -33,6 +34,10 @@ class StreamQueue {
   // Appends `task`. After Stop() the task is dropped unexecuted. A task that
   // throws is logged and does not stop the queue.
   void Push(Task task);
+  // Appends `tasks` in order, as many Pushes would, with one lock and at most
+  // one wake-up of the worker (a batch of commands for one stream costs one
+  // wake-up rather than one per command). Leaves `tasks` empty.
+  void PushAll(std::vector<Task>* tasks);
 
   // Drops every task not yet started, waits for the running one to finish
   // and joins the worker. Idempotent. Must not be called from a task.

@@ -14,11 +14,12 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <cstdlib>
+#include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "copy.h"
@@ -33,7 +34,7 @@
 namespace torch_fl {
 namespace {
 
-
+using Args = c10::ArrayRef<c10::IValue>;
 
 template <typename F>
 void ForEachTensor(const c10::IValue& v, F&& f) {
@@ -44,32 +45,21 @@ void ForEachTensor(const c10::IValue& v, F&& f) {
   }
 }
 
-// As on CUDA: a CPU tensor may join a flagos operation only as a 0-dim value
-// (or as indices of advanced indexing); anything else is a device mismatch.
-void CheckNoHostOperands(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args,
-                         int device) {
-  const std::string& name = schema.name();
-  if (name == "aten::index" || name == "aten::index_put_" || name == "aten::index_put" ||
-      name == "aten::_index_put_impl_" || name == "aten::_unsafe_index" ||
-      name == "aten::_unsafe_index_put") {
-    return;
-  }
-  for (const c10::IValue& a : args) {
-    ForEachTensor(a, [&](const at::Tensor& t) {
-      TORCH_CHECK(!(t.defined() && t.device().is_cpu() && t.dim() > 0),
-                  "Expected all tensors to be on the same device, but found at least two "
-                  "devices, flagos:", device, " and cpu! (", schema.name(),
-                  "; move the CPU tensor with .to(\"flagos\"))");
-    });
-  }
-}
-
-int FindDevice(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args) {
+// The flagos device of the call. As on CUDA, a CPU tensor may join a flagos
+// operation only as a 0-dim value (or as indices of advanced indexing);
+// anything else is a device mismatch.
+int FindDevice(const OpTraits& traits, Args args) {
   int found = -1;
+  bool host_operand = false;
   for (const c10::IValue& a : args) {
     ForEachTensor(a, [&](const at::Tensor& t) {
-      if (!IsFlagos(t)) return;
-      int d = t.device().index();
+      if (!t.defined()) return;
+      const c10::Device device = t.device();
+      if (device.type() != kFlagos) {
+        host_operand |= device.is_cpu() && t.dim() > 0;
+        return;
+      }
+      int d = device.index();
       TORCH_CHECK(found < 0 || found == d,
                   "Expected all tensors to be on the same device, but found at least two "
                   "devices, flagos:", found, " and flagos:", d, "!");
@@ -77,7 +67,10 @@ int FindDevice(const c10::FunctionSchema& schema, const std::vector<c10::IValue>
     });
   }
   if (found >= 0) {
-    CheckNoHostOperands(schema, args, found);
+    TORCH_CHECK(!host_operand || traits.allows_host_operands,
+                "Expected all tensors to be on the same device, but found at least two "
+                "devices, flagos:", found, " and cpu! (", traits.name,
+                "; move the CPU tensor with .to(\"flagos\"))");
     return found;
   }
   for (const c10::IValue& a : args) {
@@ -133,21 +126,11 @@ at::Tensor AllocateOutput(const TensorMeta& m, int device,
   return out;
 }
 
-// A Tensor return is one tensor; a Tensor[] return a list.
-c10::IValue ReturnValue(const c10::Argument& ret, std::vector<at::Tensor> tensors) {
-  if (ret.real_type()->kind() == c10::TypeKind::TensorType) return c10::IValue(tensors.at(0));
-  return c10::IValue(c10::List<at::Tensor>(std::move(tensors)));
-}
-
-std::string Describe(const c10::FunctionSchema& schema) {
-  return schema.overload_name().empty() ? schema.name()
-                                        : schema.name() + "." + schema.overload_name();
-}
-
-bool IsGeneratorArgument(const c10::Argument& a) {
-  c10::TypePtr type = a.real_type();
-  if (type->kind() == c10::TypeKind::OptionalType) type = type->containedType(0);
-  return type->kind() == c10::TypeKind::GeneratorType;
+// The argument a return aliases, with AliasedArgument's error for a schema
+// where it aliases none.
+size_t Aliased(const c10::OperatorHandle& op, const OpTraits& traits, size_t ret) {
+  const size_t i = traits.returns[ret].aliased;
+  return i != OpTraits::kNoArgument ? i : AliasedArgument(op.schema(), ret);
 }
 
 // A random op draws from the given flagos generator, or the device's
@@ -163,89 +146,114 @@ void EncodeGenerator(const c10::IValue& value, int device, flagos::v1::Value* ou
   out->mutable_generator()->set_offset(offset);
 }
 
-flagos::v1::Command MakeOpCall(const c10::OperatorHandle& op, int device,
-                               const std::vector<c10::IValue>& args) {
-  const c10::FunctionSchema& schema = op.schema();
-  flagos::v1::Command command;
-  command.set_device(device);
-  auto* call = command.mutable_op();
-  call->set_op_id(OpId(schema.name(), schema.overload_name()));
+// The session's id for the op, minted (and registered with the daemon) on
+// first use. Ids are the session's for the life of the process (runtime.cpp
+// mints them once per connection, and the connection is never replaced once
+// open), so the first answer is kept with the op's traits.
+uint32_t OpIdOf(const OpTraits& traits) {
+  uint32_t id = traits.op_id.load(std::memory_order_acquire);
+  if (id != 0) return id;
+  id = OpId(traits.name, traits.overload);
+  traits.op_id.store(id, std::memory_order_release);
+  return id;
+}
+
+// Fills `command` (which may hold outputs already) with the op call.
+void EncodeOpCall(const OpTraits& traits, int device, Args args, flagos::v1::Command* command) {
+  command->set_device(device);
+  auto* call = command->mutable_op();
+  call->set_op_id(OpIdOf(traits));
+  call->mutable_args()->Reserve(static_cast<int>(args.size()));
   bool has_generator = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (IsGeneratorArgument(schema.arguments()[i])) {
+    if (traits.generator[i]) {
       EncodeGenerator(args[i], device, call->add_args());
       has_generator = true;
     } else {
       EncodeValue(args[i], call->add_args());
     }
   }
-  if (!has_generator && op.hasTag(at::Tag::nondeterministic_seeded)) {
+  if (!has_generator && traits.nondeterministic_seeded) {
     // A random op without a Generator argument (native_dropout) draws from
     // the device's default generator all the same.
     flagos::v1::Value state;
     EncodeGenerator(c10::IValue(), device, &state);
     *call->mutable_implicit_generator() = state.generator();
   }
-  return command;
 }
 
-void RunInferred(const c10::OperatorHandle& op, int device, std::vector<c10::IValue>& args,
-                 const InferredCall& inferred, torch::jit::Stack* stack) {
-  const c10::FunctionSchema& schema = op.schema();
-  const auto& arguments = schema.arguments();
-  const auto& returns = schema.returns();
-  for (size_t i = 0; i < arguments.size(); ++i) {
+// One value per return, in schema order.
+using Results = c10::SmallVectorImpl<c10::IValue>;
+
+// Runs the call asynchronously. A return that is a written argument is that
+// argument in `results`, or None when `written_results` is false (a caller
+// holding `args` borrowed returns the argument itself: a copy of a tensor
+// only Python holds would take the GIL to pin its PyObject).
+void RunInferred(const c10::OperatorHandle& op, const OpTraits& traits, int device, Args args,
+                 const InferredCall& inferred, bool written_results, Results* results) {
+  for (size_t i = 0; i < args.size(); ++i) {
     if (!inferred.written[i].empty()) ApplyMetadata(args[i], inferred.written[i]);
   }
-  google::protobuf::RepeatedPtrField<flagos::v1::TensorRef> outputs;
-  std::vector<c10::IValue> results;
-  results.reserve(returns.size());
-  for (size_t j = 0; j < returns.size(); ++j) {
-    const c10::AliasInfo* alias = AliasOf(returns[j]);
-    std::vector<at::Tensor> tensors;
-    if (alias != nullptr && alias->isWrite()) {
-      results.push_back(args[AliasedArgument(schema, j)]);
+  flagos::v1::Command command;
+  auto* outputs = command.mutable_op()->mutable_outputs();
+  const size_t nreturns = traits.returns.size();
+  for (size_t j = 0; j < nreturns; ++j) {
+    const OpTraits::Return& ret = traits.returns[j];
+    if (ret.kind == OpTraits::ReturnKind::kWritten) {
+      const size_t aliased = Aliased(op, traits, j);
+      results->push_back(written_results ? args[aliased] : c10::IValue());
       continue;
     }
-    if (alias != nullptr) {
-      const at::Tensor& base = args[AliasedArgument(schema, j)].toTensor();
-      for (const TensorMeta& m : inferred.returns[j]) tensors.push_back(MakeView(base, m));
-    } else {
-      for (const TensorMeta& m : inferred.returns[j]) {
-        tensors.push_back(AllocateOutput(m, device, &outputs));
+    const std::vector<TensorMeta>& metas = inferred.returns[j];
+    if (ret.tensor) {
+      // One tensor (as ReturnValue did: the first of its metas).
+      const TensorMeta& m = metas.at(0);
+      if (ret.kind == OpTraits::ReturnKind::kView) {
+        results->push_back(MakeView(args[Aliased(op, traits, j)].toTensor(), m));
+      } else {
+        at::Tensor first = AllocateOutput(m, device, outputs);
+        for (size_t k = 1; k < metas.size(); ++k) AllocateOutput(metas[k], device, outputs);
+        results->push_back(std::move(first));
       }
+      continue;
     }
-    results.push_back(ReturnValue(returns[j], std::move(tensors)));
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(metas.size());
+    if (ret.kind == OpTraits::ReturnKind::kView) {
+      const at::Tensor& base = args[Aliased(op, traits, j)].toTensor();
+      for (const TensorMeta& m : metas) tensors.push_back(MakeView(base, m));
+    } else {
+      for (const TensorMeta& m : metas) tensors.push_back(AllocateOutput(m, device, outputs));
+    }
+    results->push_back(c10::IValue(c10::List<at::Tensor>(std::move(tensors))));
   }
-  if (!IsPureView(schema)) {
-    flagos::v1::Command command = MakeOpCall(op, device, args);
-    command.mutable_op()->mutable_outputs()->Swap(&outputs);
-    Enqueue(std::move(command), Describe(schema));
+  if (!traits.pure_view) {
+    EncodeOpCall(traits, device, args, &command);
+    Enqueue(std::move(command), traits.describe);
   }
-  for (c10::IValue& r : results) stack->push_back(std::move(r));
 }
 
-void RunSynchronously(const c10::OperatorHandle& op, int device,
-                      const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
+// Runs the call on the daemon and waits for its results (one per return;
+// written arguments as in RunInferred).
+void RunSynchronously(const c10::OperatorHandle& op, const OpTraits& traits, int device,
+                      Args args, bool written_results, Results* results) {
   const c10::FunctionSchema& schema = op.schema();
-  flagos::v1::Command command = MakeOpCall(op, device, args);
+  flagos::v1::Command command;
+  EncodeOpCall(traits, device, args, &command);
   command.mutable_op()->set_want_values(true);
-  flagos::v1::Completion completion = Call(std::move(command), Describe(schema));
+  flagos::v1::Completion completion = Call(std::move(command), traits.describe);
   const auto& arguments = schema.arguments();
   const auto& returns = schema.returns();
   // One value per return, then one per written tensor argument: none when it
   // was written in place, the new contents when the op resized it.
-  size_t written = 0;
-  for (const c10::Argument& a : arguments) {
-    if (IsWritten(a) && a.real_type()->kind() == c10::TypeKind::TensorType) ++written;
-  }
+  const size_t written = traits.written_tensors;
   const size_t values = static_cast<size_t>(completion.values_size());
   TORCH_CHECK(values == returns.size() || values == returns.size() + written, "flagos: ",
-              Describe(schema), ": the daemon returned ", values, " values for ",
+              traits.describe, ": the daemon returned ", values, " values for ",
               returns.size(), " returns and ", written, " written arguments");
   size_t extra = returns.size();
   for (size_t i = 0; i < arguments.size() && values > returns.size(); ++i) {
-    if (!IsWritten(arguments[i]) || arguments[i].real_type()->kind() != c10::TypeKind::TensorType) {
+    if (!traits.written[i] || arguments[i].real_type()->kind() != c10::TypeKind::TensorType) {
       continue;
     }
     const flagos::v1::Value& v = completion.values(static_cast<int>(extra++));
@@ -257,32 +265,48 @@ void RunSynchronously(const c10::OperatorHandle& op, int device,
   }
   for (size_t j = 0; j < returns.size(); ++j) {
     if (IsWritten(returns[j])) {
-      stack->push_back(args[AliasedArgument(schema, j)]);
+      const size_t aliased = AliasedArgument(schema, j);
+      results->push_back(written_results ? args[aliased] : c10::IValue());
     } else {
-      stack->push_back(DecodeResult(completion.values(static_cast<int>(j)), device));
+      results->push_back(DecodeResult(completion.values(static_cast<int>(j)), device));
     }
   }
 }
 
-void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::FunctionSchema& schema = op.schema();
-  const size_t nargs = schema.arguments().size();
-  std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - nargs),
-                                std::make_move_iterator(stack->end()));
-  torch::jit::drop(*stack, nargs);
-  const int device = FindDevice(schema, args);
-  std::optional<InferredCall> inferred = InferOnMeta(op, args);
-  if (inferred.has_value()) {
-    RunInferred(op, device, args, *inferred, stack);
+void RunCall(const c10::OperatorHandle& op, const OpTraits& traits, Args args,
+             bool written_results, Results* results) {
+  const int device = FindDevice(traits, args);
+  std::shared_ptr<const InferredCall> inferred = InferOnMeta(op, traits, args);
+  if (inferred != nullptr) {
+    RunInferred(op, traits, device, args, *inferred, written_results, results);
   } else {
-    RunSynchronously(op, device, args, stack);
+    RunSynchronously(op, traits, device, args, written_results, results);
   }
+}
+
+void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const OpTraits& traits = TraitsOf(op);
+  const size_t nargs = traits.written.size();
+  // The arguments stay on the stack until the results replace them.
+  const Args args(stack->data() + (stack->size() - nargs), nargs);
+  c10::SmallVector<c10::IValue, 4> results;
+  RunCall(op, traits, args, /*written_results=*/true, &results);
+  torch::jit::drop(*stack, nargs);
+  for (c10::IValue& r : results) stack->push_back(std::move(r));
 }
 
 }  // namespace
 
 void RunOnDaemon(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   FlagosFallback(op, stack);
+}
+
+void RunOnDaemonUnboxed(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                        c10::SmallVectorImpl<c10::IValue>* results) {
+  const OpTraits& traits = TraitsOf(op);
+  TORCH_CHECK(args.size() == traits.written.size(), "flagos: internal: ", traits.describe,
+              " takes ", traits.written.size(), " arguments, got ", args.size());
+  RunCall(op, traits, args, /*written_results=*/false, results);
 }
 
 int ForwardOpsWithCpuKernels() {

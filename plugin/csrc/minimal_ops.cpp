@@ -2,6 +2,8 @@
 // through the boxed fallback in fallback.cpp): tensor creation, metadata-only
 // views, resizing, set_, copies and scalar reads. Metadata ops run entirely
 // in this process; none of them talks to the daemon unless bytes move.
+// Also the commonest arithmetic, which runs as the fallback would but
+// without boxing its arguments (see RunOnDaemonUnboxed).
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
@@ -12,10 +14,12 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstring>
 
 #include "copy.h"
 #include "device_allocator.h"
+#include "fallback.h"
 #include "runtime.h"
 #include "storage.h"
 #include "tensor_codec.h"
@@ -157,9 +161,117 @@ c10::Scalar LocalScalarDense(const at::Tensor& self) {
   return host.item();
 }
 
+// ---- Common arithmetic without boxing.
+//
+// These run exactly as the boxed fallback would (fallback.cpp), minus the
+// boxing: the dispatcher's boxed call copies every tensor argument into an
+// IValue, and copying a tensor that only Python holds pins its PyObject,
+// which takes the GIL (and releasing it again, once more). Here the
+// arguments are borrowed.
+
+// A call's arguments as IValues, the tensors among them borrowed from the
+// kernel's own arguments (no reference counts move) and released unowned.
+template <size_t N>
+class BorrowedArgs {
+ public:
+  template <typename... T>
+  explicit BorrowedArgs(const T&... values) : values_{Borrow(values)...} {
+    static_assert(sizeof...(T) == N);
+  }
+  ~BorrowedArgs() {
+    for (c10::IValue& v : values_) {
+      if (v.isTensor()) c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(v.toTensor());
+    }
+  }
+  BorrowedArgs(const BorrowedArgs&) = delete;
+  BorrowedArgs& operator=(const BorrowedArgs&) = delete;
+
+  c10::ArrayRef<c10::IValue> get() const { return values_; }
+
+ private:
+  static c10::IValue Borrow(const at::Tensor& t) {
+    return c10::IValue(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t));
+  }
+  static c10::IValue Borrow(const c10::Scalar& s) { return c10::IValue(s); }  // owned
+
+  std::array<c10::IValue, N> values_;
+};
+
+const c10::OperatorHandle& FindOp(const char* name, const char* overload) {
+  // Kept for the process, like the dispatcher's own operator table.
+  return *new c10::OperatorHandle(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload));
+}
+
+// The ops, by name: each template instance keeps its handle.
+struct AddOp {
+  static constexpr const char* kInPlace = "aten::add_";
+  static constexpr const char* kFunctional = "aten::add";
+};
+struct SubOp {
+  static constexpr const char* kInPlace = "aten::sub_";
+  static constexpr const char* kFunctional = "aten::sub";
+};
+struct MulOp {
+  static constexpr const char* kInPlace = "aten::mul_";
+  static constexpr const char* kFunctional = "aten::mul";
+};
+struct DivOp {
+  static constexpr const char* kInPlace = "aten::div_";
+  static constexpr const char* kFunctional = "aten::div";
+};
+
+template <size_t N, typename... T>
+void RunUnboxed(const c10::OperatorHandle& op, c10::SmallVectorImpl<c10::IValue>* results,
+                const T&... args) {
+  BorrowedArgs<N> borrowed(args...);
+  RunOnDaemonUnboxed(op, borrowed.get(), results);
+}
+
+// self.op_(other, alpha=alpha): `self` is written and returned.
+template <typename Op>
+at::Tensor& InPlaceWithAlpha(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  static const c10::OperatorHandle& op = FindOp(Op::kInPlace, "Tensor");
+  c10::SmallVector<c10::IValue, 1> results;
+  RunUnboxed<3>(op, &results, self, other, alpha);
+  return self;
+}
+
+template <typename Op>
+at::Tensor FunctionalWithAlpha(const at::Tensor& self, const at::Tensor& other,
+                               const c10::Scalar& alpha) {
+  static const c10::OperatorHandle& op = FindOp(Op::kFunctional, "Tensor");
+  c10::SmallVector<c10::IValue, 1> results;
+  RunUnboxed<3>(op, &results, self, other, alpha);
+  return std::move(results.at(0)).toTensor();
+}
+
+template <typename Op>
+at::Tensor& InPlace(at::Tensor& self, const at::Tensor& other) {
+  static const c10::OperatorHandle& op = FindOp(Op::kInPlace, "Tensor");
+  c10::SmallVector<c10::IValue, 1> results;
+  RunUnboxed<2>(op, &results, self, other);
+  return self;
+}
+
+template <typename Op>
+at::Tensor Functional(const at::Tensor& self, const at::Tensor& other) {
+  static const c10::OperatorHandle& op = FindOp(Op::kFunctional, "Tensor");
+  c10::SmallVector<c10::IValue, 1> results;
+  RunUnboxed<2>(op, &results, self, other);
+  return std::move(results.at(0)).toTensor();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("add_.Tensor", TORCH_FN(InPlaceWithAlpha<AddOp>));
+  m.impl("add.Tensor", TORCH_FN(FunctionalWithAlpha<AddOp>));
+  m.impl("sub_.Tensor", TORCH_FN(InPlaceWithAlpha<SubOp>));
+  m.impl("sub.Tensor", TORCH_FN(FunctionalWithAlpha<SubOp>));
+  m.impl("mul_.Tensor", TORCH_FN(InPlace<MulOp>));
+  m.impl("mul.Tensor", TORCH_FN(Functional<MulOp>));
+  m.impl("div_.Tensor", TORCH_FN(InPlace<DivOp>));
+  m.impl("div.Tensor", TORCH_FN(Functional<DivOp>));
   m.impl("empty.memory_format", TORCH_FN(Empty));
   m.impl("empty_strided", TORCH_FN(EmptyStrided));
   m.impl("as_strided", TORCH_FN(AsStrided));

@@ -1,9 +1,14 @@
 // What an operator's schema says about aliasing, for the fallback.
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/function_schema.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace torch_fl {
 
@@ -18,5 +23,61 @@ size_t AliasedArgument(const c10::FunctionSchema& schema, size_t ret);
 bool ReturnsOnlyTensors(const c10::FunctionSchema& schema);
 // Only views are returned and nothing is written: no work for the daemon.
 bool IsPureView(const c10::FunctionSchema& schema);
+
+// Everything the fallback and shape inference ask of an operator's schema,
+// tags and name, worked out once per operator (the per-call path then reads
+// fields instead of walking alias sets and comparing names).
+struct OpTraits {
+  enum class ReturnKind : uint8_t {
+    kFresh,    // a new tensor (or list): allocated, filled by the daemon
+    kView,     // a view of argument `aliased`, built locally
+    kWritten,  // argument `aliased` itself, written in place
+  };
+  struct Return {
+    ReturnKind kind = ReturnKind::kFresh;
+    bool tensor = true;  // Tensor (else Tensor[] or another type)
+    // kView and kWritten: the argument aliased (AliasedArgument), or
+    // kNoArgument for a schema whose return aliases none (the fallback then
+    // reports it with AliasedArgument's error).
+    size_t aliased = 0;
+  };
+  static constexpr size_t kNoArgument = static_cast<size_t>(-1);
+
+  // The operator these traits describe (checked on every lookup).
+  std::string name;
+  std::string overload;
+  // "aten::add.Tensor": how commands and errors name the op.
+  std::string describe;
+
+  bool returns_only_tensors = false;
+  bool pure_view = false;
+  // Tagged nondeterministic_seeded / dynamic_output_shape.
+  bool nondeterministic_seeded = false;
+  bool dynamic_output_shape = false;
+  // aten::index (a dynamic shape only for boolean masks).
+  bool is_index = false;
+  // Advanced indexing: CPU index tensors may join a flagos call.
+  bool allows_host_operands = false;
+  // Batch/layer/group norm and embedding bag, whose CPU kernels may return
+  // other metadata than their meta kernels (shape_inference.cpp).
+  bool meta_may_disagree = false;
+  // Index of the bool `training` argument, or -1.
+  int training_argument = -1;
+
+  // Per argument.
+  std::vector<uint8_t> written;    // IsWritten
+  std::vector<uint8_t> generator;  // a Generator or Generator? argument
+  // Written Tensor (not Tensor[]) arguments.
+  size_t written_tensors = 0;
+
+  std::vector<Return> returns;
+
+  // The session's id for the op; 0 until minted (see OpIdOf in fallback.cpp).
+  mutable std::atomic<uint32_t> op_id{0};
+};
+
+// The traits of `op`, computed on first use and kept for the process.
+// Thread-safe; the per-thread lookup takes no lock.
+const OpTraits& TraitsOf(const c10::OperatorHandle& op);
 
 }  // namespace torch_fl

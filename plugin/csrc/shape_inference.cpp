@@ -6,9 +6,14 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Exceptions.h>
 
+#include <c10/util/SmallVector.h>
+
+#include <array>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "op_schema.h"
@@ -99,9 +104,14 @@ std::vector<TensorMeta> DescribeAll(const c10::IValue& v) {
 
 // ---- the cache key: the op, then each argument's metadata or value.
 
+// The key's bytes: on the stack for a typical call, no allocation.
+using KeyBuffer = c10::SmallVector<char, 256>;
+
+// Appends to `key` (cleared first).
 class KeyWriter {
  public:
-  explicit KeyWriter(const c10::OperatorHandle& op) {
+  KeyWriter(const c10::OperatorHandle& op, KeyBuffer* key) : key_(*key) {
+    key_.clear();
     const void* id = &op.schema();
     Bytes(&id, sizeof(id));
   }
@@ -147,48 +157,72 @@ class KeyWriter {
     return true;
   }
 
-  std::string Take() { return std::move(key_); }
-
  private:
   void Tensor(const at::Tensor& t) {
-    Tag('t');
     if (!t.defined()) {
-      Tag('u');
+      Tag('U');
       return;
     }
-    Pod(static_cast<int>(t.device().type()));
-    Pod(static_cast<int>(t.scalar_type()));
-    Pod(t.dim());
-    Bytes(t.sizes().data(), t.dim() * sizeof(int64_t));
-    Bytes(t.strides().data(), t.dim() * sizeof(int64_t));
-    Pod(t.storage_offset());
-    Pod(t.has_storage() ? t.storage().nbytes() : size_t{0});
-    Pod(static_cast<char>(t.is_conj() | (t.is_neg() << 1) |
-                          (t.unsafeGetTensorImpl()->is_wrapped_number() << 2)));
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    const bool has_storage = impl->has_storage();
     // Which earlier argument, if any, shares this storage.
-    const void* storage = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
-    int shared = -1;
+    const void* storage = has_storage ? impl->storage().unsafeGetStorageImpl() : nullptr;
+    int32_t shared = -1;
     for (size_t i = 0; i < storages_.size(); ++i) {
-      if (storages_[i] == storage) shared = static_cast<int>(i);
+      if (storages_[i] == storage) shared = static_cast<int32_t>(i);
     }
-    Pod(shared);
     storages_.push_back(storage);
+    // One fixed-size header, then sizes and strides: one append each.
+    struct Header {
+      char tag;
+      char flags;
+      int16_t device_type;
+      int32_t dtype;
+      int32_t shared;
+      int32_t dim;
+      int64_t storage_offset;
+      uint64_t storage_nbytes;
+    } header;
+    std::memset(&header, 0, sizeof(header));  // padding too: the key is compared bytewise
+    header.tag = 'T';
+    header.flags = static_cast<char>(impl->is_conj() | (impl->is_neg() << 1) |
+                                     (impl->is_wrapped_number() << 2));
+    header.device_type = static_cast<int16_t>(impl->device_type());
+    header.dtype = static_cast<int32_t>(c10::typeMetaToScalarType(impl->dtype()));
+    header.shared = shared;
+    const c10::IntArrayRef sizes = impl->sizes();
+    header.dim = static_cast<int32_t>(sizes.size());
+    header.storage_offset = impl->storage_offset();
+    header.storage_nbytes = has_storage ? impl->storage().nbytes() : 0;
+    Bytes(&header, sizeof(header));
+    Bytes(sizes.data(), sizes.size() * sizeof(int64_t));
+    Bytes(impl->strides().data(), sizes.size() * sizeof(int64_t));
   }
   void Tag(char c) { key_.push_back(c); }
   template <typename T>
   void Pod(const T& value) {
     Bytes(&value, sizeof(T));
   }
-  void Bytes(const void* data, size_t n) { key_.append(static_cast<const char*>(data), n); }
+  void Bytes(const void* data, size_t n) {
+    const char* bytes = static_cast<const char*>(data);
+    key_.append(bytes, bytes + n);
+  }
 
-  std::string key_;
-  std::vector<const void*> storages_;
+  KeyBuffer& key_;
+  c10::SmallVector<const void*, 8> storages_;
+};
+
+// Finds std::string keys by string_view, without building a string.
+struct KeyHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view key) const { return std::hash<std::string_view>()(key); }
 };
 
 struct Cache {
   std::mutex mu;
-  // nullopt: the call cannot be inferred on meta.
-  std::unordered_map<std::string, std::optional<InferredCall>> entries;
+  // nullptr: the call cannot be inferred on meta.
+  std::unordered_map<std::string, std::shared_ptr<const InferredCall>, KeyHash, std::equal_to<>>
+      entries;
 };
 
 Cache& GlobalCache() {
@@ -202,9 +236,9 @@ bool IsPythonNotImplemented(python_error& e) {
   return e.type != nullptr && PyErr_GivenExceptionMatches(e.type, PyExc_NotImplementedError) != 0;
 }
 
-std::optional<InferredCall> RunOnMeta(const c10::OperatorHandle& op,
-                                      const std::vector<c10::IValue>& args) {
-  const c10::FunctionSchema& schema = op.schema();
+std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
+                                              const OpTraits& traits,
+                                              c10::ArrayRef<c10::IValue> args) {
   MetaMirror mirror;
   std::vector<c10::IValue> meta_args;
   meta_args.reserve(args.size());
@@ -214,22 +248,22 @@ std::optional<InferredCall> RunOnMeta(const c10::OperatorHandle& op,
     at::AutoDispatchBelowADInplaceOrView guard;
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
   } catch (const c10::NotImplementedError&) {
-    return std::nullopt;  // no meta kernel: ask the daemon
+    return nullptr;  // no meta kernel: ask the daemon
   } catch (pybind11::error_already_set& e) {
     // A meta kernel written in Python that cannot infer this call (e.g.
     // boolean-mask indexing, whose output size depends on the data).
     pybind11::gil_scoped_acquire gil;
     if (!e.matches(PyExc_NotImplementedError)) throw;
-    return std::nullopt;
+    return nullptr;
   } catch (python_error& e) {
     if (!IsPythonNotImplemented(e)) throw;
-    return std::nullopt;
+    return nullptr;
   }
-  InferredCall inferred;
-  for (const c10::IValue& r : stack) inferred.returns.push_back(DescribeAll(r));
-  inferred.written.resize(args.size());
+  auto inferred = std::make_shared<InferredCall>();
+  for (const c10::IValue& r : stack) inferred->returns.push_back(DescribeAll(r));
+  inferred->written.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
-    if (IsWritten(schema.arguments()[i])) inferred.written[i] = DescribeAll(meta_args[i]);
+    if (traits.written[i]) inferred->written[i] = DescribeAll(meta_args[i]);
   }
   return inferred;
 }
@@ -243,15 +277,15 @@ std::optional<InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 // outputs differently; layer and group norm keep their statistics in the
 // input's dtype too. They take the synchronous path, which learns the
 // outputs from the kernel itself.
-bool FirstArgumentInReducedPrecision(const std::vector<c10::IValue>& args) {
+bool FirstArgumentInReducedPrecision(c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isTensor()) return false;
   c10::ScalarType dtype = args[0].toTensor().scalar_type();
   return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
 }
 
-bool MetaDisagreesWithTheKernel(const c10::OperatorHandle& op,
-                                const std::vector<c10::IValue>& args) {
-  const std::string& name = op.schema().name();
+bool MetaDisagreesWithTheKernel(const OpTraits& traits, c10::ArrayRef<c10::IValue> args) {
+  if (!traits.meta_may_disagree) return false;
+  const std::string& name = traits.name;
   if (name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only") return true;
   if (name == "aten::native_layer_norm" || name == "aten::native_group_norm") {
     // The saved statistics: the input's dtype on the CPU, float32 on CUDA.
@@ -261,9 +295,10 @@ bool MetaDisagreesWithTheKernel(const c10::OperatorHandle& op,
       name == "aten::_native_batch_norm_legit_no_training" ||
       name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_no_update") {
     if (FirstArgumentInReducedPrecision(args)) return true;
-    const auto& arguments = op.schema().arguments();
-    for (size_t i = 0; i < arguments.size() && i < args.size(); ++i) {
-      if (arguments[i].name() == "training" && args[i].isBool()) return !args[i].toBool();
+    const int training = traits.training_argument;
+    if (training >= 0 && static_cast<size_t>(training) < args.size() &&
+        args[training].isBool()) {
+      return !args[training].toBool();
     }
     return name == "aten::_native_batch_norm_legit_no_training" ||
            name == "aten::_batch_norm_no_update";
@@ -274,9 +309,9 @@ bool MetaDisagreesWithTheKernel(const c10::OperatorHandle& op,
 // Whether an op's output shape depends on the data of this call. Advanced
 // indexing is tagged data-dependent because of boolean masks; with integer
 // indices its shape follows from the shapes alone.
-bool DataDependent(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
-  if (!op.hasTag(at::Tag::dynamic_output_shape)) return false;
-  if (op.schema().name() != "aten::index") return true;
+bool DataDependent(const OpTraits& traits, c10::ArrayRef<c10::IValue> args) {
+  if (!traits.dynamic_output_shape) return false;
+  if (!traits.is_index) return true;
   bool mask = false;
   for (const c10::IValue& a : args) {
     if (!a.isList()) continue;
@@ -289,28 +324,57 @@ bool DataDependent(const c10::OperatorHandle& op, const std::vector<c10::IValue>
   return mask;
 }
 
-std::optional<InferredCall> InferOnMeta(const c10::OperatorHandle& op,
-                                        const std::vector<c10::IValue>& args) {
-  if (!ReturnsOnlyTensors(op.schema()) || DataDependent(op, args) ||
-      MetaDisagreesWithTheKernel(op, args)) {
-    return std::nullopt;
+std::shared_ptr<const InferredCall> InferOnMeta(const c10::OperatorHandle& op,
+                                                const OpTraits& traits,
+                                                c10::ArrayRef<c10::IValue> args) {
+  if (!traits.returns_only_tensors || DataDependent(traits, args) ||
+      MetaDisagreesWithTheKernel(traits, args)) {
+    return nullptr;
   }
-  KeyWriter writer(op);
+  // A per-thread direct-mapped table in front of the shared cache answers
+  // repeated calls without a lock or a copy of the key. Entries are immutable and a key always infers the same, so a
+  // per-thread entry may outlive the shared cache's.
+  struct LocalEntry {
+    std::string key;
+    std::shared_ptr<const InferredCall> inferred;
+    bool used = false;
+  };
+  constexpr size_t kLocalEntries = 64;
+  thread_local std::array<LocalEntry, kLocalEntries> local;
+  KeyBuffer key_buffer;
   bool cacheable = true;
-  for (const c10::IValue& a : args) cacheable = cacheable && writer.Add(a);
-  std::string key = cacheable ? writer.Take() : std::string();
-  Cache& cache = GlobalCache();
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache.mu);
-    auto it = cache.entries.find(key);
-    if (it != cache.entries.end()) return it->second;
+  {
+    KeyWriter writer(op, &key_buffer);
+    for (const c10::IValue& a : args) cacheable = cacheable && writer.Add(a);
   }
-  std::optional<InferredCall> inferred = RunOnMeta(op, args);
-  if (cacheable) {
+  if (!cacheable) return RunOnMeta(op, traits, args);
+  const std::string_view key_view(key_buffer.data(), key_buffer.size());
+  const size_t hash = KeyHash()(key_view);
+  LocalEntry& entry = local[(hash ^ (hash >> 17)) % kLocalEntries];
+  if (entry.used && entry.key == key_view) return entry.inferred;
+  Cache& cache = GlobalCache();
+  std::shared_ptr<const InferredCall> inferred;
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.entries.find(key_view);
+    if (it != cache.entries.end()) {
+      inferred = it->second;
+      found = true;
+    }
+  }
+  std::string key(key_view);
+  if (!found) {
+    inferred = RunOnMeta(op, traits, args);
     std::lock_guard<std::mutex> lock(cache.mu);
     if (cache.entries.size() >= kMaxCacheEntries) cache.entries.clear();
-    cache.entries.emplace(std::move(key), inferred);
+    cache.entries.emplace(key, inferred);
   }
+  // Looked up again: a re-entrant call may have filled the slot meanwhile.
+  LocalEntry& slot = local[(hash ^ (hash >> 17)) % kLocalEntries];
+  slot.key = std::move(key);
+  slot.inferred = inferred;
+  slot.used = true;
   return inferred;
 }
 

@@ -12,8 +12,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
-#include <optional>
+#include <memory>
 #include <vector>
+
+#include "op_schema.h"
 
 namespace torch_fl {
 
@@ -35,10 +37,12 @@ struct InferredCall {
   std::vector<std::vector<TensorMeta>> written;
 };
 
-// nullopt when the call cannot be inferred on meta (no meta kernel, or an
-// output size that depends on the data): run it synchronously instead.
-// Shape and dtype errors are thrown, as the op itself would.
-std::optional<InferredCall> InferOnMeta(const c10::OperatorHandle& op,
-                                        const std::vector<c10::IValue>& args);
+// The inferred call, shared with the cache (never modified); nullptr when
+// the call cannot be inferred on meta (no meta kernel, or an output size
+// that depends on the data): run it synchronously instead. Shape and dtype
+// errors are thrown, as the op itself would. `traits` are TraitsOf(op).
+std::shared_ptr<const InferredCall> InferOnMeta(const c10::OperatorHandle& op,
+                                                const OpTraits& traits,
+                                                c10::ArrayRef<c10::IValue> args);
 
 }  // namespace torch_fl

@@ -25,6 +25,35 @@ TEST(StreamQueueTest, TasksRunInPushOrder) {
   for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
 }
 
+TEST(StreamQueueTest, PushAllRunsAfterEarlierPushesInOrder) {
+  std::vector<int> order;
+  absl::Notification done;
+  {
+    StreamQueue queue("test");
+    queue.Push([&order] { order.push_back(0); });
+    std::vector<StreamQueue::Task> tasks;
+    for (int i = 1; i < 50; ++i) tasks.push_back([&order, i] { order.push_back(i); });
+    queue.PushAll(&tasks);
+    EXPECT_TRUE(tasks.empty());
+    queue.Push([&done] { done.Notify(); });
+    done.WaitForNotification();
+  }
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST(StreamQueueTest, PushAllAfterStopDropsTheTasks) {
+  std::atomic<int> ran{0};
+  StreamQueue queue("test");
+  queue.Stop();
+  std::vector<StreamQueue::Task> tasks;
+  for (int i = 0; i < 3; ++i) tasks.push_back([&ran] { ++ran; });
+  queue.PushAll(&tasks);
+  EXPECT_TRUE(tasks.empty());
+  EXPECT_EQ(queue.pending(), 0u);
+  EXPECT_EQ(ran.load(), 0);
+}
+
 TEST(StreamQueueTest, StopDropsTasksNotYetStarted) {
   std::atomic<int> ran{0};
   absl::Notification started;
