@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "command_validation.h"
 #include "logging.h"
-#include "unix_frames.h"
+#include "flagos/v1/wire.h"
 
 namespace flagos::daemon {
 namespace {
@@ -38,25 +38,6 @@ absl::string_view CodeName(absl::StatusCode code) {
 // A sync-channel request is one command; its arguments may carry host
 // tensors by value, within the session stream's own message limit.
 constexpr uint32_t kMaxSyncFrameBytes = 256u << 20;
-
-// Whether the daemon answers `command` even when it succeeds (flagos.proto,
-// Completion): the commands the sync channel carries.
-bool OwesReply(const v1::Command& command) {
-  switch (command.kind_case()) {
-    case v1::Command::kAllocate:
-    case v1::Command::kCopyFromDevice:
-    case v1::Command::kSync:
-    case v1::Command::kQueryEvent:
-    case v1::Command::kSynchronizeEvent:
-    case v1::Command::kElapsedTime:
-    case v1::Command::kQueryStream:
-      return true;
-    case v1::Command::kOp:
-      return command.op().want_values();
-    default:
-      return false;
-  }
-}
 
 // A random secret for the staging attach (SessionOpened.staging_token).
 std::string NewToken() {
@@ -914,7 +895,7 @@ void Session::Reply(v1::Completion completion) {
   uint64_t waiting = completion.seq();
   if (waiting != 0 && sync_seq_.compare_exchange_strong(waiting, 0)) {
     completion.set_errors_before(errors_sent_.load());
-    (void)WriteFrame(sync_fd_, completion);  // a client gone is seen by SyncLoop
+    (void)v1::WriteFrame(sync_fd_, completion);  // a client gone is seen by SyncLoop
     return;
   }
   if (completion.code() != 0) errors_sent_.fetch_add(1);
@@ -934,10 +915,12 @@ void Session::StartSyncChannel(int fd) {
 void Session::SyncLoop() {
   while (true) {
     std::string body;
-    if (absl::Status s = ReadFrame(sync_fd_, kMaxSyncFrameBytes, &body); !s.ok()) {
-      // Closed by the client or by Close(); anything else is worth a line.
-      if (!absl::IsUnavailable(s)) {
-        LogWarning(absl::StrCat("session ", id_, ": sync channel: ", s.message()));
+    if (const v1::FrameResult r = v1::ReadFrame(sync_fd_, kMaxSyncFrameBytes, &body);
+        r != v1::FrameResult::kOk) {
+      // Closed by the client or by Close(); an oversized frame is worth a line.
+      if (r == v1::FrameResult::kTooLarge) {
+        LogWarning(absl::StrCat("session ", id_, ": a sync-channel frame exceeds ",
+                                kMaxSyncFrameBytes, " bytes; closing the channel"));
       }
       shutdown(sync_fd_, SHUT_RDWR);  // the client's waiting call fails, never hangs
       return;
@@ -960,7 +943,7 @@ void Session::SyncLoop() {
     dispatch_mu_.Await(absl::Condition(&caught_up));
     if (sync_closing_) return;
     sync_seq_.store(seq);
-    if (seq == 0 || !OwesReply(command)) {
+    if (seq == 0 || !v1::OwesReply(command)) {
       ReplyError(seq, CommandKindName(command),
                  absl::InvalidArgumentError(absl::StrCat(
                      "command ", seq, " (", CommandKindName(command),

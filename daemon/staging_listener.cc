@@ -18,7 +18,7 @@
 #include "logging.h"
 #include "session.h"
 #include "session_registry.h"
-#include "unix_frames.h"
+#include "flagos/v1/wire.h"
 
 namespace flagos::daemon {
 namespace {
@@ -36,7 +36,7 @@ bool SendReply(int fd, const absl::Status& status) {
   v1::StagingAttached reply;
   reply.set_code(static_cast<int>(status.code()));
   reply.set_message(std::string(status.message()));
-  return WriteFrame(fd, reply);
+  return v1::WriteFrame(fd, reply);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "flagos/v1/wire.h"
 #include "status_codes.h"
 #include "unary_calls.h"
 
@@ -26,25 +27,6 @@ constexpr int kIdleFlushTicks = 20;
 void LogOnce(const std::string& message) {
   static std::atomic<bool> logged{false};
   if (!logged.exchange(true)) fprintf(stderr, "%s\n", message.c_str());
-}
-
-// Whether the daemon answers `command` even when it succeeds (flagos.proto,
-// Completion).
-bool OwesReply(const v1::Command& command) {
-  switch (command.kind_case()) {
-    case v1::Command::kAllocate:
-    case v1::Command::kCopyFromDevice:
-    case v1::Command::kSync:
-    case v1::Command::kQueryEvent:
-    case v1::Command::kSynchronizeEvent:
-    case v1::Command::kElapsedTime:
-    case v1::Command::kQueryStream:
-      return true;
-    case v1::Command::kOp:
-      return command.op().want_values();
-    default:
-      return false;
-  }
 }
 
 v1::Command SyncMarker(int device) {
@@ -300,7 +282,7 @@ absl::StatusOr<uint64_t> SessionConnection::Submit(v1::Command command, std::str
     absl::MutexLock lock(&mu_);
     absl::Status usable = UnusableLocked();
     if (!usable.ok()) return usable;
-    if (!OwesReply(command)) {
+    if (!v1::OwesReply(command)) {
       std::string marker_describe = absl::StrCat("synchronize after ", describe);
       AppendLocked(std::move(command), std::move(describe));
       command = SyncMarker(-1);
@@ -396,7 +378,7 @@ absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(v1::Command 
 
 absl::StatusOr<v1::Completion> SessionConnection::Call(v1::Command command,
                                                        std::string describe) {
-  if (sync_ != nullptr && OwesReply(command)) {
+  if (sync_ != nullptr && v1::OwesReply(command)) {
     return CallOnSyncChannel(std::move(command), std::move(describe));
   }
   absl::StatusOr<uint64_t> ticket = Submit(std::move(command), std::move(describe));

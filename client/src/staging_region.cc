@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "flagos/v1/flagos.pb.h"
+#include "flagos/v1/wire.h"
 
 namespace flagos::client {
 namespace {
@@ -89,11 +90,7 @@ absl::StatusOr<int> StagingRegion::Attach(const std::string& socket_path, uint64
   attach.set_slot_bytes(slot_bytes_);
   attach.set_slot_count(slot_count_);
   attach.set_data_offset(data_offset_);
-  const std::string body = attach.SerializeAsString();
-  std::string frame(4, '\0');
-  const uint32_t n = static_cast<uint32_t>(body.size());
-  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  frame += body;
+  std::string frame = v1::EncodeFrame(attach);
 
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
