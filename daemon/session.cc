@@ -178,6 +178,7 @@ void Session::Dispatch(v1::Command command, bool ordered) {
 
   const int device_count = backend_.runtime().DeviceCount();
   const auto check_device = [&]() {
+    if (command.device() >= 0 && command.device() < device_count) return absl::OkStatus();
     return CheckDevice(command.device(), device_count,
                        absl::StrCat("command ", seq, " (", kind, ")"));
   };

@@ -11,6 +11,7 @@
 
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "device_allocator.h"
 #include "fallback.h"
@@ -119,6 +120,9 @@ py::bytes TestReadDevice(uint64_t addr, uint64_t nbytes, int device) {
 PYBIND11_MODULE(_C, m) {
   using namespace torch_fl;
   m.doc() = "flagos runtime binding (internal; use torch_fl and torch.flagos)";
+  // As in flagosd (daemon/main.cc): no global lock-graph bookkeeping on
+  // every lock of the enqueue path.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   RegisterHooks();
   ForwardOpsWithCpuKernels();
 
