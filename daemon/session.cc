@@ -674,20 +674,19 @@ void Session::DestroyEvent(const v1::Command& command) {
   }
 }
 
+Session::StreamState* Session::ExistingQueue(int device, uint64_t stream) {
+  absl::MutexLock lock(&queues_mu_);
+  auto it = queues_.find({device, stream});
+  return it == queues_.end() ? nullptr : it->second.get();
+}
+
 void Session::QueryStream(const v1::Command& command) {
   const uint64_t seq = command.seq();
-  StreamQueue* queue = nullptr;
-  StreamHandle backend_stream = 0;
-  {
-    absl::MutexLock lock(&queues_mu_);
-    auto it = queues_.find({command.device(), command.stream()});
-    if (it != queues_.end()) {
-      queue = it->second->queue.get();
-      backend_stream = it->second->backend_stream;
-    }
-  }
+  StreamState* state = ExistingQueue(command.device(), command.stream());
   bool ready = true;  // a stream never used has no work
-  if (queue != nullptr) {
+  if (state != nullptr) {
+    StreamQueue* queue = state->queue.get();
+    const StreamHandle backend_stream = state->backend_stream;
     // A task that has replied (the sync or copy the client just saw
     // complete) may still be returning: give the queue a moment to settle
     // before calling it busy, so that a query right after a synchronisation
@@ -711,27 +710,16 @@ void Session::QueryStream(const v1::Command& command) {
 void Session::SyncStream(const v1::Command& command) {
   const uint64_t seq = command.seq();
   const int device = command.device();
-  StreamQueue* queue = nullptr;
-  StreamHandle backend_stream = 0;
-  {
-    absl::MutexLock lock(&queues_mu_);
-    auto it = queues_.find({device, command.stream()});
-    if (it != queues_.end()) {
-      queue = it->second->queue.get();
-      backend_stream = it->second->backend_stream;
-    }
-  }
-  if (queue == nullptr) return Reply(Done(seq));
-  if (queue->pending() == 0) {  // idle: answer from this thread
-    absl::Status s = backend_.runtime().SynchronizeStream(device, backend_stream);
-    if (!s.ok()) return ReplyError(seq, "sync", s);
-    return Reply(Done(seq));
-  }
-  queue->Push([this, seq, device, backend_stream] {
+  StreamState* state = ExistingQueue(device, command.stream());
+  if (state == nullptr) return Reply(Done(seq));
+  const StreamHandle backend_stream = state->backend_stream;
+  auto sync = [this, seq, device, backend_stream] {
     absl::Status s = backend_.runtime().SynchronizeStream(device, backend_stream);
     if (!s.ok()) return ReplyError(seq, "sync", s);
     Reply(Done(seq));
-  });
+  };
+  if (state->queue->pending() == 0) return sync();  // idle: answer from this thread
+  state->queue->Push(std::move(sync));
 }
 
 void Session::AfterQueuedCommands(int device, std::function<void()> action) {

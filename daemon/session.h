@@ -151,6 +151,8 @@ class Session {
                           uint64_t nbytes) const;
   // The queue for (device, stream), created on first use.
   absl::StatusOr<StreamState*> QueueFor(int device, uint64_t stream);
+  // The queue for (device, stream) if that stream was used, else null.
+  StreamState* ExistingQueue(int device, uint64_t stream);
   // Runs `action` once every command already queued on `device` (every
   // device when device < 0) has executed: in the reading thread now when
   // nothing is queued, else on the worker that finishes last.
