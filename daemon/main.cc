@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "backend.h"
 #include "byte_size.h"
@@ -36,14 +37,25 @@ ABSL_FLAG(std::vector<std::string>, listen,
           "system socket, 0600 for any other path). host:port listens on TCP, which is only "
           "allowed on loopback (localhost, 127.0.0.1, [::1]) until TLS is supported.");
 ABSL_FLAG(std::string, backend, "auto",
-          "Device backend: auto or cpu. auto picks the best backend built into this flagosd "
-          "(today: cpu). cpu emulates --cpu-devices devices in host memory and runs operators "
-          "with ATen's CPU kernels. cuda and kunlunxin need a flagosd built with them.");
+          "Device backend: auto, cpu or kunlunxin. kunlunxin drives Kunlun P800 devices "
+          "through the vendor runtime libxpurt, loaded at start from $FLAGOS_KUNLUNXIN_XPURT, "
+          "$XPU_ROOT/so or the loader path (docs/vendors/kunlunxin/installation.md); its "
+          "operators run on the daemon's cpu_fallback route. cpu emulates --cpu-devices "
+          "devices in host memory and runs operators with ATen's CPU kernels. auto picks "
+          "kunlunxin when libxpurt loads and reports devices, else cpu.");
+ABSL_FLAG(std::string, op_route, "",
+          "Route every operator this way instead of by the backend's ops.conf: native or "
+          "cpu_fallback. For testing: --backend=cpu --op-route=cpu_fallback runs the "
+          "daemon's copy-to-host route that a non-host-addressable device takes.");
 ABSL_FLAG(int, cpu_devices, 2, "Number of emulated devices of the cpu backend (1..64).");
 ABSL_FLAG(flagos::daemon::ByteSize, device_memory, flagos::daemon::ByteSize{8ull << 30},
           "Memory of each cpu-backend device: bytes, or a number with suffix K, KiB, M, MiB, G, "
           "GiB, T or TiB (powers of 1024), e.g. 8GiB or 512M. Allocations beyond it fail with "
           "an out-of-memory error. Host memory is only used as tensors are written.");
+ABSL_FLAG(bool, describe_backend, false,
+          "Print the backend's runtime slot table (each slot of the contract: implemented, "
+          "emulated and how, or a gap and why) and its operator routes as Markdown, then exit "
+          "without listening (docs/reference/backends.md is made of this output).");
 ABSL_FLAG(int, max_sessions, 256,
           "Most client sessions served at once; further sessions are refused with "
           "RESOURCE_EXHAUSTED.");
@@ -109,6 +121,27 @@ std::vector<std::string> NormalizeArgs(int argc, char** argv) {
   return args;
 }
 
+// The backend's slot table and routes, as Markdown.
+std::string DescribeBackend(const Backend& backend) {
+  const CapabilityTable& table = backend.runtime().capabilities();
+  std::string out = absl::StrCat("## ", backend.name(), "\n\n",
+                                 "| group | slot | status | how, or why not |\n"
+                                 "|---|---|---|---|\n");
+  for (int i = 0; i < kSlotCount; ++i) {
+    const Slot slot = static_cast<Slot>(i);
+    std::string note = table.Declared(slot) ? table.Note(slot) : "not declared by the backend";
+    absl::StrReplaceAll({{"|", "\\|"}, {"\n", " "}}, &note);
+    absl::StrAppend(&out, "| ", SlotGroup(slot), " | `", SlotName(slot), "` | ",
+                    SlotStatusName(table.status(slot)), " | ", note, " |\n");
+  }
+  const OpRoutes& routes = backend.routes();
+  absl::StrAppend(&out, "\nOperator routes (backends/", backend.name(), "/ops.conf): ",
+                  routes.native_count(), " of ", routes.size(), " listed operators native, ",
+                  routes.size() - routes.native_count(), " cpu_fallback; operators not listed: ",
+                  OpRouteName(routes.default_route()), ".\n");
+  return out;
+}
+
 int Fail(absl::string_view message) {
   std::fprintf(stderr, "flagosd: %.*s\n", static_cast<int>(message.size()), message.data());
   return 1;
@@ -149,10 +182,16 @@ int Run(int argc, char** argv) {
 
   BackendOptions backend_options;
   backend_options.name = absl::GetFlag(FLAGS_backend);
+  backend_options.force_route = absl::GetFlag(FLAGS_op_route);
   backend_options.cpu_devices = absl::GetFlag(FLAGS_cpu_devices);
   backend_options.device_memory = absl::GetFlag(FLAGS_device_memory).bytes;
   absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(backend_options);
   if (!backend.ok()) return Fail(backend.status().message());
+  if (absl::GetFlag(FLAGS_describe_backend)) {
+    const std::string description = DescribeBackend(**backend);
+    std::fwrite(description.data(), 1, description.size(), stdout);
+    return 0;
+  }
 
   ServerOptions server_options;
   server_options.listen = absl::GetFlag(FLAGS_listen);

@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
 
 #include <algorithm>
 #include <array>
@@ -26,6 +27,8 @@
 #include "backend.h"
 #include "command_validation.h"
 #include "flagos/op_executor.h"
+#include "host_mirror.h"
+#include "op_routes.h"
 
 namespace flagos::daemon {
 namespace {
@@ -244,9 +247,60 @@ class WrappedTensorCache {
 // Decodes one call's arguments and handles its returns.
 class CallContext {
  public:
-  CallContext(const Backend& backend, int device, const std::string& op_name,
-              OpRunner::RangeCheck check)
-      : backend_(backend), device_(device), op_name_(op_name), check_(check) {}
+  // `mirror`: the call's host copies on the cpu_fallback route; nullptr on
+  // the native route.
+  CallContext(const Backend& backend, int device, StreamHandle stream, const std::string& op_name,
+              OpRunner::RangeCheck check, HostMirror* mirror)
+      : backend_(backend),
+        device_(device),
+        stream_(stream),
+        op_name_(op_name),
+        check_(check),
+        mirror_(mirror) {}
+
+  // Tensors decoded while this is set are arguments the kernel writes
+  // (Tensor(a!)): on the cpu_fallback route their bytes go back to the
+  // device after the call.
+  void set_writing(bool writing) { writing_ = writing; }
+
+  // The device the kernels of this call run on: the backend's for the
+  // native route, the host's for cpu_fallback.
+  c10::Device KernelDevice(int device) const {
+    if (mirror_ != nullptr) return c10::Device(c10::kCPU);
+    return backend_.native_executor()->AtenDevice(device);
+  }
+
+  // Runs `op` on the route's kernels.
+  absl::Status CallKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    if (mirror_ != nullptr) return backend_.host_executor().Call(device_, stream_, op, stack);
+    return backend_.native_executor()->Call(device_, stream_, op, stack);
+  }
+
+  // cpu_fallback: adds the device memory `value` names (tensors, lists of
+  // them) to the mirror, after checking its range. `read`: false for an
+  // out= argument the kernel only writes.
+  absl::Status MirrorValue(const v1::Value& value, bool out_argument, const Where& where) {
+    if (value.has_tensor()) return MirrorRef(value.tensor(), out_argument, where);
+    if (value.has_list()) {
+      for (int i = 0; i < value.list().values_size(); ++i) {
+        if (absl::Status s = MirrorValue(value.list().values(i), out_argument, where.Element(i));
+            !s.ok()) {
+          return s;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status MirrorRef(const v1::TensorRef& ref, bool write_only, const Where& where) {
+    if (ref.undefined()) return absl::OkStatus();
+    absl::StatusOr<TensorExtent> extent = CheckedExtent(ref, where);
+    if (!extent.ok()) return extent.status();
+    if (extent->numel == 0) return absl::OkStatus();
+    // A dense tensor the kernel only writes need not be read first.
+    const bool dense = extent->nbytes == static_cast<uint64_t>(extent->numel) * extent->itemsize;
+    mirror_->Add(extent->begin, extent->nbytes, !(write_only && dense));
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<c10::IValue> Decode(const v1::Value& value, const TypePtr& type,
                                      const Where& where) {
@@ -308,7 +362,7 @@ class CallContext {
       }
       case TypeKind::GeneratorType: {
         if (!value.has_generator()) return mismatch();
-        if (backend_.executor().AtenDevice(device_).type() != c10::kCPU) {
+        if (KernelDevice(device_).type() != c10::kCPU) {
           return absl::UnimplementedError(absl::StrCat(
               op_name_, ": ", where.str(), ": random generators are not implemented for the ",
               backend_.name(), " backend"));
@@ -326,9 +380,8 @@ class CallContext {
     }
   }
 
-  // A tensor over device memory, after checking its descriptor and range.
-  absl::StatusOr<at::Tensor> WrapTensor(const v1::TensorRef& ref, const Where& where) {
-    if (ref.undefined()) return at::Tensor();
+  // A ref's extent, after checking its descriptor, its device and its range.
+  absl::StatusOr<TensorExtent> CheckedExtent(const v1::TensorRef& ref, const Where& where) {
     absl::StatusOr<TensorExtent> extent = ComputeTensorExtent(ref);
     if (!extent.ok()) {
       return absl::InvalidArgumentError(
@@ -338,25 +391,52 @@ class CallContext {
     if (ref.device() < 0 || ref.device() >= device_count) {
       return CheckDevice(ref.device(), device_count, absl::StrCat(op_name_, ": ", where.str()));
     }
+    if (mirror_ != nullptr && ref.device() != device_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op_name_, ": ", where.str(), " is on ", DeviceName(ref.device()), " but the op runs on ",
+          DeviceName(device_), "; the ", backend_.name(),
+          " backend's cpu_fallback route takes operands of one device (copy it there first)"));
+    }
     // An empty tensor reads and writes nothing (and its address may be 0);
     // its storage cannot grow, so no kernel can write through it.
     if (extent->numel > 0) {
       if (absl::Status s = check_(ref.device(), extent->begin, extent->nbytes); !s.ok()) return s;
     }
+    return extent;
+  }
+
+  // A tensor over device memory (native route) or over its host copy
+  // (cpu_fallback), after checking its descriptor and range.
+  absl::StatusOr<at::Tensor> WrapTensor(const v1::TensorRef& ref, const Where& where) {
+    if (ref.undefined()) return at::Tensor();
+    absl::StatusOr<TensorExtent> extent = CheckedExtent(ref, where);
+    if (!extent.ok()) return extent.status();
     // The ref's repeated fields are contiguous int64s: no copies.
     const c10::IntArrayRef sizes(ref.sizes().data(), ref.sizes_size());
     const c10::IntArrayRef strides(ref.strides().data(), ref.strides_size());
     const auto dtype = static_cast<c10::ScalarType>(ref.dtype());
     at::Tensor tensor;
     absl::Status status = Guarded(op_name_, where, [&]() {
-      WrappedTensorCache::Slot slot =
-          WrappedTensorCache::Find(&backend_, ref.device(), extent->begin, sizes, strides, dtype);
-      if (slot.hit) {
-        tensor = *slot.tensor;
+      if (mirror_ != nullptr) {
+        // The host copy; an empty tensor has no bytes to copy.
+        const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(c10::kCPU);
+        if (extent->numel == 0) {
+          tensor = at::empty_strided(sizes, strides, options);
+        } else {
+          tensor = at::from_blob(mirror_->Address(extent->begin), sizes, strides, options);
+          if (writing_) mirror_->MarkWritten(extent->begin, extent->nbytes);
+        }
       } else {
-        tensor = backend_.executor().WrapDeviceMemory(ref.device(), extent->begin, sizes,
-                                                      strides, dtype);
-        slot.Keep(tensor);
+        WrappedTensorCache::Slot slot = WrappedTensorCache::Find(&backend_, ref.device(),
+                                                                 extent->begin, sizes, strides,
+                                                                 dtype);
+        if (slot.hit) {
+          tensor = *slot.tensor;
+        } else {
+          tensor = backend_.native_executor()->WrapDeviceMemory(ref.device(), extent->begin,
+                                                                sizes, strides, dtype);
+          slot.Keep(tensor);
+        }
       }
       // The client's lazy conj/neg bits, as views the kernels understand.
       if (ref.conj()) tensor = tensor._conj();
@@ -424,7 +504,7 @@ class CallContext {
     if (index < 0 || index >= device_count) {
       return CheckDevice(index, device_count, absl::StrCat(op_name_, ": ", where.str()));
     }
-    return c10::IValue(backend_.executor().AtenDevice(index));
+    return c10::IValue(KernelDevice(index));
   }
 
   absl::StatusOr<c10::IValue> DecodeList(const v1::Value& value, const TypePtr& element,
@@ -515,8 +595,9 @@ class CallContext {
       if (host.wrapped_number() && tensor.dim() == 0) {
         tensor.unsafeGetTensorImpl()->set_wrapped_number(true);
       }
-      const c10::Device device = backend_.executor().AtenDevice(device_);
-      if (tensor.dim() > 0 && device.type() != c10::kCPU) tensor = tensor.to(device);
+      // It stays a host tensor: the kernels of both routes run on the CPU
+      // today (a native route on device kernels would upload it through
+      // the runtime, never with an ATen device copy).
       return absl::OkStatus();
     });
     if (!status.ok()) return status;
@@ -534,6 +615,7 @@ class CallContext {
     const v1::TensorRef& ref = call.outputs(index);
     if (ref.undefined() || !result.defined()) return absl::OkStatus();
     const Where where = Where::Output(index);
+    writing_ = true;
     absl::StatusOr<at::Tensor> destination = WrapTensor(ref, where);
     if (!destination.ok()) return destination.status();
     return CopyInto(*destination, result, where);
@@ -552,7 +634,7 @@ class CallContext {
     static const c10::OperatorHandle copy =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
     torch::jit::Stack stack{c10::IValue(destination), c10::IValue(result), c10::IValue(false)};
-    absl::Status status = backend_.executor().Call(device_, copy, &stack);
+    absl::Status status = CallKernel(copy, &stack);
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat(op_name_, ": copying ", where.str(), ": ",
                                                       status.message()));
@@ -617,8 +699,13 @@ class CallContext {
       out->set_none(true);
       return absl::OkStatus();
     }
+    if (!tensor.device().is_cpu()) {
+      return absl::InternalError(absl::StrCat(
+          op_name_, ": the kernel returned a ", tensor.device().str(),
+          " tensor to send back by value; flagosd sends only host tensors"));
+    }
     return Guarded(op_name_, Where::Text("returning a tensor by value"), [&]() {
-      const at::Tensor host = tensor.to(c10::kCPU).contiguous();
+      const at::Tensor host = tensor.contiguous();
       v1::HostTensor* h = out->mutable_host_tensor();
       for (int64_t size : host.sizes()) h->add_sizes(size);
       h->set_dtype(static_cast<int>(host.scalar_type()));
@@ -634,8 +721,11 @@ class CallContext {
 
   const Backend& backend_;
   const int device_;
+  const StreamHandle stream_;
   const std::string& op_name_;
   OpRunner::RangeCheck check_;
+  HostMirror* const mirror_;
+  bool writing_ = false;
 };
 
 // An out= argument and the resizable tensor the kernel writes instead.
@@ -647,8 +737,8 @@ struct OutArgument {
 
 // A registered operator and what every call of it needs, worked out once.
 struct RegisteredOp {
-  RegisteredOp(const c10::OperatorHandle& handle, std::string name)
-      : handle(handle), name(std::move(name)) {
+  RegisteredOp(const c10::OperatorHandle& handle, std::string name, OpRoute route)
+      : handle(handle), name(std::move(name)), route(route) {
     for (const c10::Argument& argument : handle.schema().arguments()) {
       has_out_arguments |= argument.is_out();
     }
@@ -657,6 +747,7 @@ struct RegisteredOp {
   c10::OperatorHandle handle;
   // "aten::add.Tensor": errors name the op so.
   std::string name;
+  OpRoute route;
   bool has_out_arguments = false;
 };
 
@@ -717,7 +808,9 @@ class OpRunnerImpl final : public OpRunner {
                                               " is not registered in flagosd's torch ",
                                               TorchVersion()));
     }
-    auto registered = std::make_unique<RegisteredOp>(*handle, OpName(handle->operator_name()));
+    std::string registered_name = OpName(handle->operator_name());
+    const OpRoute route = backend_.routes().RouteOf(registered_name);
+    auto registered = std::make_unique<RegisteredOp>(*handle, std::move(registered_name), route);
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = ops_.try_emplace(op_id, std::move(registered));
     if (!inserted) {
@@ -729,10 +822,10 @@ class OpRunnerImpl final : public OpRunner {
     return absl::OkStatus();
   }
 
-  absl::Status Run(int device, const v1::OpCall& call, RangeCheck check,
+  absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call, RangeCheck check,
                    v1::Completion* completion) override {
     try {
-      return RunUnguarded(device, call, check, completion);
+      return RunUnguarded(device, stream, call, check, completion);
     } catch (const c10::Error& e) {
       return absl::InvalidArgumentError(absl::StrCat("op id ", call.op_id(), ": ",
                                                      e.what_without_backtrace()));
@@ -754,8 +847,8 @@ class OpRunnerImpl final : public OpRunner {
     return it == ops_.end() ? nullptr : it->second.get();
   }
 
-  absl::Status RunUnguarded(int device, const v1::OpCall& call, RangeCheck check,
-                            v1::Completion* completion) {
+  absl::Status RunUnguarded(int device, StreamHandle stream, const v1::OpCall& call,
+                            RangeCheck check, v1::Completion* completion) {
     const RegisteredOp* registered = Find(call.op_id());
     if (registered == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("op id ", call.op_id(),
@@ -771,7 +864,34 @@ class OpRunnerImpl final : public OpRunner {
                                                      " arguments but the command sends ",
                                                      call.args_size()));
     }
-    CallContext context(backend_, device, op_name, check);
+    // cpu_fallback: the device memory the call names is copied to the host
+    // first (and written back at the end).
+    std::optional<HostMirror> mirror;
+    if (registered->route == OpRoute::kCpuFallback) {
+      mirror.emplace(backend_.runtime(), device, stream);
+    }
+    CallContext context(backend_, device, stream, op_name, check,
+                        mirror.has_value() ? &*mirror : nullptr);
+    if (mirror.has_value()) {
+      for (int i = 0; i < call.args_size() && i < static_cast<int>(arguments.size()); ++i) {
+        if (absl::Status s = context.MirrorValue(call.args(i), arguments[i].is_out(),
+                                                 Where::Argument(arguments[i].name(), i));
+            !s.ok()) {
+          return s;
+        }
+      }
+      for (int i = 0; i < call.outputs_size(); ++i) {
+        if (absl::Status s = context.MirrorRef(call.outputs(i), /*write_only=*/true,
+                                               Where::Output(i));
+            !s.ok()) {
+          return s;
+        }
+      }
+      if (absl::Status s = mirror->Fetch(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(op_name, ": reading its operands for the "
+                                                   "cpu_fallback route: ", s.message()));
+      }
+    }
     StackLease lease;
     torch::jit::Stack& stack = lease.get();
     stack.reserve(arguments.size());
@@ -787,6 +907,7 @@ class OpRunnerImpl final : public OpRunner {
         stack.push_back(*argument.default_value());
         continue;
       }
+      context.set_writing(argument.alias_info() != nullptr && argument.alias_info()->isWrite());
       absl::StatusOr<c10::IValue> value = context.Decode(call.args(i), argument.type(), where);
       if (!value.ok()) return value.status();
       stack.push_back(*std::move(value));
@@ -807,7 +928,11 @@ class OpRunnerImpl final : public OpRunner {
         outs.push_back(OutArgument{&arguments[i].name(), destination, std::move(scratch)});
       }
     }
-    if (absl::Status s = CallOp(device, op, call, &stack); !s.ok()) return s;
+    context.set_writing(false);
+    // On an error before WriteBack the mirror's buffers are released at
+    // once: the only device work on them, Fetch's copies, has completed.
+    if (mirror.has_value()) mirror->Snapshot();
+    if (absl::Status s = CallOp(context, op, call, &stack); !s.ok()) return s;
     // On the synchronous path (want_values, no outputs) an out= argument the
     // kernel resized (a data-dependent size) cannot land in the client's
     // segment: it travels back by value and the client resizes and uploads.
@@ -842,25 +967,33 @@ class OpRunnerImpl final : public OpRunner {
         }
       }
     }
+    if (mirror.has_value()) {
+      if (absl::Status s = mirror->WriteBack(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(op_name, ": writing its results back for the "
+                                                   "cpu_fallback route: ", s.message()));
+      }
+    }
     return absl::OkStatus();
   }
 
   // Runs the op. A random op without a Generator argument draws from the
-  // device's default generator: the call holds it alone, seeded from the
-  // command's implicit (seed, offset), so its numbers depend on that pair
-  // only, like those of an op that takes a generator.
-  absl::Status CallOp(int device, const c10::OperatorHandle& op, const v1::OpCall& call,
-                      torch::jit::Stack* stack) {
-    if (!call.has_implicit_generator()) return backend_.executor().Call(device, op, stack);
+  // default generator of its kernels' device, which ATen keeps one of per
+  // process: the call holds it alone (one lock for the whole daemon, so two
+  // sessions' draws can never interleave), seeded from the command's
+  // implicit (seed, offset), so its numbers depend on that pair only, like
+  // those of an op that takes a generator.
+  absl::Status CallOp(CallContext& context, const c10::OperatorHandle& op,
+                      const v1::OpCall& call, torch::jit::Stack* stack) {
+    if (!call.has_implicit_generator()) return context.CallKernel(op, stack);
     const v1::GeneratorValue& g = call.implicit_generator();
-    absl::MutexLock lock(&implicit_generator_mu_);
-    at::Generator generator =
-        at::globalContext().defaultGenerator(backend_.executor().AtenDevice(device));
+    static absl::Mutex* const default_generator_mu = new absl::Mutex();
+    absl::MutexLock lock(default_generator_mu);
+    at::Generator generator = at::globalContext().defaultGenerator(context.KernelDevice(0));
     {
       std::lock_guard<std::mutex> generator_lock(generator.mutex());
       generator.set_current_seed(Mix64(g.seed() ^ Mix64(g.offset())));
     }
-    return backend_.executor().Call(device, op, stack);
+    return context.CallKernel(op, stack);
   }
 
   const Backend& backend_;
@@ -869,8 +1002,6 @@ class OpRunnerImpl final : public OpRunner {
   absl::flat_hash_map<uint32_t, std::unique_ptr<RegisteredOp>> ops_ ABSL_GUARDED_BY(mu_);
   // ops_[id] for ids below kDenseOps, readable without mu_.
   std::array<std::atomic<const RegisteredOp*>, kDenseOps> dense_;
-  // Serialises the ops that use the default generator (CallOp).
-  absl::Mutex implicit_generator_mu_;
 };
 
 }  // namespace

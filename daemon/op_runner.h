@@ -57,17 +57,22 @@ class OpRunner {
   static std::unique_ptr<OpRunner> Create(const Backend& backend);
   virtual ~OpRunner() = default;
 
-  // Resolves aten op `name`.`overload` and records it under `op_id`.
+  // Resolves aten op `name`.`overload` and records it under `op_id`, with
+  // its route on this backend.
   // INVALID_ARGUMENT for op id 0, >= 2^31 or already registered; NOT_FOUND
   // when no such operator exists in this flagosd's torch.
   virtual absl::Status Register(uint32_t op_id, const std::string& name,
                                 const std::string& overload) = 0;
 
-  // Runs `call` on `device`. Every tensor's range goes through `check`
-  // before use. Fills `completion->values` as described above. Errors name
-  // the op.
-  virtual absl::Status Run(int device, const v1::OpCall& call, RangeCheck check,
-                           v1::Completion* completion) = 0;
+  // Runs `call` on `device`, ordered on `stream`, by the op's route
+  // (Backend::routes(): native kernels, or cpu_fallback: operands copied
+  // to the host, ATen's CPU kernel, results copied back; the host copies
+  // are released once the stream has run the copies back). Every tensor's
+  // range goes through `check` before use. Fills `completion->values` as
+  // described above; values are complete when Run returns. Errors name the
+  // op.
+  virtual absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call,
+                           RangeCheck check, v1::Completion* completion) = 0;
 };
 
 }  // namespace flagos::daemon

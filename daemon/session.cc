@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "command_validation.h"
@@ -115,6 +116,10 @@ absl::Status Session::AttachStaging(const v1::StagingAttach& attach, int fd, int
         absl::StrCat("session ", id_, " already has a staging region"));
   }
   staging_ = *std::move(region);
+  // Pinned for DMA where the backend can (a gap on the cpu backend, whose
+  // copies are memcpy); copies work unpinned either way.
+  staging_registered_ =
+      backend_.runtime().HostRegister(staging_->data(), staging_->data_bytes()).ok();
   if (uid >= 0) uid_.store(uid, std::memory_order_relaxed);
   LogInfo(absl::StrCat("session ", id_, " (pid ", pid_, "): staging region of ",
                        staging_->data_bytes(), " bytes attached"));
@@ -202,7 +207,10 @@ void Session::Dispatch(v1::Command command, bool ordered) {
         return SyncStream(command);
       }
       if (command.device() >= device_count) return ReplyError(seq, kind, check_device());
-      AfterQueuedCommands(command.device(), [this, seq] {
+      // Replies once the device has completed every earlier command, not
+      // merely run it.
+      AfterQueuedWork(command.device(), [this, seq](absl::Status status) {
+        if (!status.ok()) return ReplyError(seq, "sync", status);
         v1::Completion completion;
         completion.set_seq(seq);
         Reply(std::move(completion));
@@ -286,7 +294,9 @@ void Session::ScheduleFree(uint64_t seq, int device, DevicePtr addr) {
     absl::MutexLock lock(&free_mu_);
     ++pending_frees_;
   }
-  AfterQueuedCommands(device, [this, seq, device, addr] {
+  // The memory is freed once the device has completed every earlier
+  // command on it (a kernel or copy still running may use it).
+  AfterQueuedWork(device, [this, seq, device, addr](absl::Status /*errors are the commands'*/) {
     ExecuteFree(seq, device, addr);
     absl::MutexLock lock(&free_mu_);
     --pending_frees_;
@@ -352,10 +362,11 @@ void Session::Enqueue(v1::Command command) {
   if (command.has_copy_device_to_device() &&
       command.copy_device_to_device().src_device() != command.device()) {
     source_ready = std::make_shared<bool>(false);
-    AfterQueuedCommands(command.copy_device_to_device().src_device(), [this, source_ready] {
-      absl::MutexLock lock(&gate_mu_);
-      *source_ready = true;
-    });
+    AfterQueuedWork(command.copy_device_to_device().src_device(),
+                    [this, source_ready](absl::Status /*errors are the commands'*/) {
+                      absl::MutexLock lock(&gate_mu_);
+                      *source_ready = true;
+                    });
   }
   // The client waits for this command's reply, and its queue is idle (only
   // this thread pushes to it): run it here rather than waking the worker,
@@ -368,7 +379,7 @@ void Session::Enqueue(v1::Command command) {
     return;
   }
   (*state)->queue->Push(
-      [this, command = std::move(command), backend_stream, source_ready, payload]() {
+      [this, command = std::move(command), backend_stream, source_ready, payload]() mutable {
         if (source_ready == nullptr || WaitUntilReady(*source_ready)) {
           Execute(command, backend_stream);
         }
@@ -722,32 +733,87 @@ void Session::SyncStream(const v1::Command& command) {
   state->queue->Push(std::move(sync));
 }
 
-void Session::AfterQueuedCommands(int device, std::function<void()> action) {
-  std::vector<StreamQueue*> queues;
+void Session::AfterQueuedWork(int device, std::function<void(absl::Status)> action) {
+  struct Queue {
+    StreamQueue* queue;
+    int device;
+    StreamHandle backend_stream;
+  };
+  std::vector<Queue> queues;
   {
     absl::MutexLock lock(&queues_mu_);
     for (const auto& [key, state] : queues_) {
-      if (device < 0 || key.first == device) queues.push_back(state->queue.get());
+      if (device < 0 || key.first == device) {
+        queues.push_back(Queue{state->queue.get(), state->device, state->backend_stream});
+      }
     }
-  }
-  // Every queue idle (only this thread pushes to them): nothing to wait for.
-  if (std::all_of(queues.begin(), queues.end(),
-                  [](StreamQueue* queue) { return queue->pending() == 0; })) {
-    action();
-    return;
   }
   struct Barrier {
     std::atomic<size_t> remaining;
-    std::function<void()> action;
+    absl::Mutex mu;
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+    std::function<void(absl::Status)> action;
   };
   auto barrier = std::make_shared<Barrier>();
-  barrier->remaining.store(queues.size());
+  barrier->remaining.store(queues.size() + 1);
   barrier->action = std::move(action);
-  for (StreamQueue* queue : queues) {
-    queue->Push([barrier] {
-      if (barrier->remaining.fetch_sub(1) == 1) barrier->action();
+  const auto arrive = [barrier](absl::Status status) {
+    if (!status.ok()) {
+      absl::MutexLock lock(&barrier->mu);
+      if (barrier->first_error.ok()) barrier->first_error = std::move(status);
+    }
+    if (barrier->remaining.fetch_sub(1) != 1) return;
+    absl::Status first;
+    {
+      absl::MutexLock lock(&barrier->mu);
+      first = barrier->first_error;
+    }
+    barrier->action(std::move(first));
+  };
+  DeviceRuntime& runtime = backend_.runtime();
+  for (const Queue& q : queues) {
+    // An idle queue (only this thread pushes to them) has issued all its
+    // work: wait for the device here; otherwise after the queue's last task.
+    if (q.queue->pending() == 0) {
+      arrive(runtime.SynchronizeStream(q.device, q.backend_stream));
+      continue;
+    }
+    q.queue->Push([arrive, q, &runtime] {
+      arrive(runtime.SynchronizeStream(q.device, q.backend_stream));
     });
   }
+  arrive(absl::OkStatus());
+}
+
+absl::Status Session::ReplyWhenComplete(int device, StreamHandle backend_stream,
+                                        v1::Completion completion,
+                                        std::shared_ptr<std::string> data) {
+  DeviceRuntime& runtime = backend_.runtime();
+  auto reply = [this, completion = std::move(completion),
+                data = std::move(data)](absl::Status status) mutable {
+    if (!status.ok()) return ReplyError(completion.seq(), "copy_from_device", status);
+    if (data != nullptr) completion.set_data(std::move(*data));
+    Reply(std::move(completion));
+  };
+  auto shared = std::make_shared<decltype(reply)>(std::move(reply));
+  absl::Status launched = runtime.LaunchHostFunc(
+      device, backend_stream, [shared](absl::Status status) { (*shared)(std::move(status)); });
+  if (launched.ok()) return absl::OkStatus();
+  // No host function: wait for the stream here instead.
+  (*shared)(runtime.SynchronizeStream(device, backend_stream));
+  return absl::OkStatus();
+}
+
+void Session::ReleaseWhenComplete(int device, StreamHandle backend_stream,
+                                  DeviceRuntime::HostFunc release) {
+  DeviceRuntime& runtime = backend_.runtime();
+  auto shared = std::make_shared<DeviceRuntime::HostFunc>(std::move(release));
+  if (runtime.LaunchHostFunc(device, backend_stream, [shared](absl::Status status) {
+        std::move(*shared)(std::move(status));
+      }).ok()) {
+    return;
+  }
+  std::move(*shared)(runtime.SynchronizeStream(device, backend_stream));
 }
 
 absl::Status Session::CheckRange(const v1::Command& command, int device, uint64_t addr,
@@ -756,7 +822,7 @@ absl::Status Session::CheckRange(const v1::Command& command, int device, uint64_
   return OutsideSegmentsError(command.seq(), CommandKindName(command), addr, nbytes, device);
 }
 
-void Session::Execute(const v1::Command& command, StreamHandle backend_stream) {
+void Session::Execute(v1::Command& command, StreamHandle backend_stream) {
   v1::Completion completion;
   completion.set_seq(command.seq());
   bool reply = false;
@@ -773,7 +839,7 @@ void Session::Execute(const v1::Command& command, StreamHandle backend_stream) {
   if (reply) Reply(std::move(completion));
 }
 
-absl::Status Session::ExecuteLocked(const v1::Command& command, StreamHandle backend_stream,
+absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_stream,
                                     v1::Completion* completion, bool* reply) {
   DeviceRuntime& runtime = backend_.runtime();
   const int device = command.device();
@@ -781,7 +847,7 @@ absl::Status Session::ExecuteLocked(const v1::Command& command, StreamHandle bac
     case v1::Command::kOp: {
       *reply = command.op().want_values();
       return ops_->Run(
-          device, command.op(),
+          device, backend_stream, command.op(),
           [&](int d, uint64_t addr, uint64_t nbytes) {
             return CheckRange(command, d, addr, nbytes);
           },
@@ -790,27 +856,38 @@ absl::Status Session::ExecuteLocked(const v1::Command& command, StreamHandle bac
     case v1::Command::kCopyToDevice: {
       const v1::CopyToDevice& copy = command.copy_to_device();
       if (copy.has_staged()) {
-        // The chunk is the client's again once this command is over,
-        // whatever its outcome.
+        // The chunk is the client's again once the device has read it, or
+        // at once when the copy is not issued.
         absl::StatusOr<std::shared_ptr<StagingRegion>> region = Staging(command);
         if (!region.ok()) return region.status();
-        struct ReleaseChunk {
-          StagingRegion& region;
-          uint64_t offset;
-          ~ReleaseChunk() { region.Release(offset); }
-        } release{**region, copy.staged().offset()};
+        const uint64_t offset = copy.staged().offset();
         const uint64_t nbytes = copy.staged().nbytes();
-        absl::StatusOr<char*> bytes = (*region)->Bytes(copy.staged().offset(), nbytes);
-        if (!bytes.ok()) return bytes.status();
-        if (absl::Status s = CheckRange(command, device, copy.addr(), nbytes); !s.ok()) return s;
+        absl::StatusOr<char*> bytes = (*region)->Bytes(offset, nbytes);
+        absl::Status s = bytes.ok() ? CheckRange(command, device, copy.addr(), nbytes)
+                                    : bytes.status();
+        if (s.ok()) s = runtime.CopyHostToDevice(device, backend_stream, copy.addr(), *bytes, nbytes);
+        if (!s.ok()) {
+          (*region)->Release(offset);
+          return s;
+        }
         staged_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
-        return runtime.CopyHostToDevice(device, backend_stream, copy.addr(), *bytes, nbytes);
+        ReleaseWhenComplete(device, backend_stream,
+                            [region = *region, offset](absl::Status) { region->Release(offset); });
+        return absl::OkStatus();
       }
       if (absl::Status s = CheckRange(command, device, copy.addr(), copy.data().size()); !s.ok()) {
         return s;
       }
-      return runtime.CopyHostToDevice(device, backend_stream, copy.addr(), copy.data().data(),
-                                      copy.data().size());
+      // The bytes stay alive until the device has read them.
+      auto data = std::make_shared<std::string>(
+          std::move(*command.mutable_copy_to_device()->mutable_data()));
+      if (absl::Status s = runtime.CopyHostToDevice(device, backend_stream, copy.addr(),
+                                                    data->data(), data->size());
+          !s.ok()) {
+        return s;
+      }
+      ReleaseWhenComplete(device, backend_stream, [data](absl::Status) {});
+      return absl::OkStatus();
     }
     case v1::Command::kCopyFromDevice: {
       const v1::CopyFromDevice& copy = command.copy_from_device();
@@ -834,19 +911,25 @@ absl::Status Session::ExecuteLocked(const v1::Command& command, StreamHandle bac
         if (!region.ok()) return region.status();
         absl::StatusOr<char*> bytes = (*region)->Bytes(copy.staged().offset(), copy.nbytes());
         if (!bytes.ok()) return bytes.status();
+        if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, *bytes, copy.addr(),
+                                                      copy.nbytes());
+            !s.ok()) {
+          return s;
+        }
         staged_bytes_.fetch_add(copy.nbytes(), std::memory_order_relaxed);
-        return runtime.CopyDeviceToHost(device, backend_stream, *bytes, copy.addr(),
-                                        copy.nbytes());
+        // The client reads the chunk when it sees the reply: only once the
+        // device has written it.
+        *reply = false;
+        return ReplyWhenComplete(device, backend_stream, std::move(*completion), nullptr);
       }
-      std::string data(copy.nbytes(), '\0');
-      if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, data.data(),
+      auto data = std::make_shared<std::string>(copy.nbytes(), '\0');
+      if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, data->data(),
                                                     copy.addr(), copy.nbytes());
           !s.ok()) {
         return s;
       }
-      completion->set_data(std::move(data));
-      *reply = true;
-      return absl::OkStatus();
+      *reply = false;
+      return ReplyWhenComplete(device, backend_stream, std::move(*completion), std::move(data));
     }
     case v1::Command::kCopyDeviceToDevice: {
       const v1::CopyDeviceToDevice& copy = command.copy_device_to_device();
@@ -960,6 +1043,18 @@ void Session::ReplyError(uint64_t seq, absl::string_view kind, const absl::Statu
   Reply(std::move(completion));
 }
 
+absl::Status Session::DrainDefaultStream(int device) {
+  DeviceRuntime& runtime = backend_.runtime();
+  absl::Status status = runtime.SynchronizeStream(device, 0);
+  // Host functions of a stream run in order: once this one ran, every
+  // earlier one of the session has.
+  absl::Notification drained;
+  if (runtime.LaunchHostFunc(device, 0, [&drained](absl::Status) { drained.Notify(); }).ok()) {
+    drained.WaitForNotification();
+  }
+  return status;
+}
+
 Session::CloseSummary Session::Close() {
   CloseSummary summary;
   if (closed_) return summary;
@@ -968,9 +1063,10 @@ Session::CloseSummary Session::Close() {
     absl::MutexLock lock(&dispatch_mu_);
     sync_closing_ = true;  // releases a sync command waiting to dispatch
   }
-  if (sync_fd_ >= 0) shutdown(sync_fd_, SHUT_RDWR);  // ends SyncLoop's read
+  // Ends SyncLoop's read. The descriptor stays open (so its number cannot
+  // be reused by another session's connection) until no reply can come.
+  if (sync_fd_ >= 0) shutdown(sync_fd_, SHUT_RDWR);
   if (sync_thread_.joinable()) sync_thread_.join();
-  if (sync_fd_ >= 0) close(sync_fd_);
   {
     absl::MutexLock lock(&gate_mu_);
     closing_ = true;  // releases commands waiting for another device
@@ -981,15 +1077,30 @@ Session::CloseSummary Session::Close() {
     queues.swap(queues_);
   }
   for (auto& [key, state] : queues) state->queue->Stop();
+  // The device may still be running what the queues issued: wait for it and
+  // for the host functions that release and reply (they hold this session).
+  DeviceRuntime& runtime = backend_.runtime();
+  for (auto& [key, state] : queues) {
+    absl::Status s;
+    if (state->backend_stream != 0) {
+      s = runtime.DestroyStream(state->device, state->backend_stream);
+    } else {
+      s = DrainDefaultStream(state->device);
+    }
+    if (!s.ok()) LogWarning(absl::StrCat("session ", id_, ": ", s.message()));
+  }
   // Every record task has run or was dropped: releasing the table destroys
   // the backend events.
   events_.clear();
-  for (auto& [key, state] : queues) {
-    if (state->backend_stream != 0) {
-      if (absl::Status s = backend_.runtime().DestroyStream(state->device, state->backend_stream);
-          !s.ok()) {
-        LogWarning(absl::StrCat("session ", id_, ": ", s.message()));
-      }
+  if (sync_fd_ >= 0) {
+    close(sync_fd_);
+    sync_fd_ = -1;
+  }
+  {
+    absl::MutexLock lock(&staging_mu_);
+    if (staging_ != nullptr && staging_registered_) {
+      (void)runtime.HostUnregister(staging_->data());
+      staging_registered_ = false;
     }
   }
   absl::WriterMutexLock lock(&memory_mu_);

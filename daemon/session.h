@@ -136,11 +136,22 @@ class Session {
   void ScheduleFree(uint64_t seq, int device, DevicePtr addr);
   void ExecuteFree(uint64_t seq, int device, DevicePtr addr);
   void Enqueue(v1::Command command);
-  // Runs on a queue worker.
-  void Execute(const v1::Command& command, StreamHandle backend_stream);
-  absl::Status ExecuteLocked(const v1::Command& command, StreamHandle backend_stream,
+  // Runs on a queue worker. Issues the command's work to `backend_stream`;
+  // what the work holds (upload bytes, staging chunks) is released, and a
+  // download is replied, only once the device has completed it. May move
+  // parts of `command` out.
+  void Execute(v1::Command& command, StreamHandle backend_stream);
+  absl::Status ExecuteLocked(v1::Command& command, StreamHandle backend_stream,
                              v1::Completion* completion, bool* reply)
       ABSL_SHARED_LOCKS_REQUIRED(memory_mu_);
+  // Replies `completion` (with `data` as its bytes when not null) once the
+  // work issued so far to `backend_stream` has completed.
+  absl::Status ReplyWhenComplete(int device, StreamHandle backend_stream,
+                                 v1::Completion completion, std::shared_ptr<std::string> data);
+  // Runs `release` once the work issued so far to `backend_stream` has
+  // completed (in a backend thread, or here after waiting for the stream).
+  void ReleaseWhenComplete(int device, StreamHandle backend_stream,
+                           DeviceRuntime::HostFunc release);
   // The attached staging region; FAILED_PRECONDITION naming the command
   // when there is none.
   absl::StatusOr<std::shared_ptr<StagingRegion>> Staging(const v1::Command& command) const;
@@ -154,10 +165,15 @@ class Session {
   // The queue for (device, stream) if that stream was used, else null.
   StreamState* ExistingQueue(int device, uint64_t stream);
   // Runs `action` once every command already queued on `device` (every
-  // device when device < 0) has executed: in the reading thread now when
-  // nothing is queued, else on the worker that finishes last.
-  void AfterQueuedCommands(int device, std::function<void()> action);
+  // device when device < 0) has executed and the device has completed its
+  // work (each stream synchronised): in the reading thread when nothing is
+  // queued, else on the worker that finishes last. `action` gets the first
+  // error a stream synchronisation reported.
+  void AfterQueuedWork(int device, std::function<void(absl::Status)> action);
   void ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // Waits for the session's work on `device`'s default stream (shared with
+  // other sessions) and for its host functions.
+  absl::Status DrainDefaultStream(int device);
   // ---- events and stream queries (flagos.proto RecordEvent ... QueryStream).
   // One record_event makes one EventRecord; an event id names its latest
   // record. The record's task on its stream queue creates and records the
@@ -240,6 +256,7 @@ class Session {
   // Set once by AttachStaging; commands take a reference while they use it.
   mutable absl::Mutex staging_mu_;
   std::shared_ptr<StagingRegion> staging_ ABSL_GUARDED_BY(staging_mu_);
+  bool staging_registered_ ABSL_GUARDED_BY(staging_mu_) = false;
   SegmentTable segments_;  // internally synchronised
 
   // Held shared while a command uses device memory, exclusively to free it.

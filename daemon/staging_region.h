@@ -46,6 +46,8 @@ class StagingRegion {
   void Release(uint64_t offset);
 
   uint64_t data_bytes() const { return slot_bytes_ * slot_count_; }
+  // The start of the data area (what a device backend pins for DMA).
+  char* data() const { return base_ + data_offset_; }
 
  private:
   StagingRegion(char* base, uint64_t size, uint64_t slot_bytes, uint64_t slot_count,

@@ -51,8 +51,8 @@ at::Tensor CpuOpExecutor::WrapDeviceMemory(int /*device*/, DevicePtr ptr, c10::I
                        at::TensorOptions().dtype(dtype).device(c10::kCPU));
 }
 
-absl::Status CpuOpExecutor::Call(int /*device*/, const c10::OperatorHandle& op,
-                                 torch::jit::Stack* stack) {
+absl::Status CpuOpExecutor::Call(int /*device*/, StreamHandle /*stream*/,
+                                 const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   try {
     // Autograd runs on the client; here every op is a plain kernel call.
     at::AutoDispatchBelowADInplaceOrView guard;

@@ -21,7 +21,10 @@ class CpuOpExecutor final : public OpExecutor {
   // becomes INVALID_ARGUMENT (UNIMPLEMENTED for NotImplementedError,
   // RESOURCE_EXHAUSTED for OutOfMemoryError), any other exception INTERNAL;
   // the message is "<op name>: <error without the C++ backtrace>".
-  absl::Status Call(int device, const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
+  // The kernel runs in the calling thread (complete when Call returns), so
+  // `stream` only orders it after the caller's earlier calls.
+  absl::Status Call(int device, StreamHandle stream, const c10::OperatorHandle& op,
+                    torch::jit::Stack* stack) override;
 };
 
 std::unique_ptr<OpExecutor> CreateCpuOpExecutor();

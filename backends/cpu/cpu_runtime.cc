@@ -236,29 +236,63 @@ class CpuDevice {
   EventHandle next_event_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
+// The CPU backend's slot table (backends/cpu/README.md explains each).
+void DescribeSlots(CapabilityTable* t) {
+  constexpr char kNoCurrentDevice[] =
+      "flagosd has no current device: every call names its device";
+  constexpr char kNoPriorities[] =
+      "operations run synchronously in the calling thread; there is no scheduler that a "
+      "priority could steer";
+  constexpr char kAtReturn[] = ", in the calling thread: complete when the call returns";
+  t->Implement(Slot::kGetDeviceCount, "--cpu-devices emulated devices");
+  t->DeclareGap(Slot::kGetDevice, kNoCurrentDevice);
+  t->DeclareGap(Slot::kSetDevice, kNoCurrentDevice);
+  t->DeclareGap(Slot::kDeviceGetStreamPriorityRange, kNoPriorities);
+  t->Implement(Slot::kDeviceSynchronize, "nothing is ever pending: every call completes before "
+                                         "it returns");
+  t->Implement(Slot::kMalloc, "mmap (MAP_NORESERVE) within the device's --device-memory budget");
+  t->Implement(Slot::kFree, "munmap");
+  t->DeclareGap(Slot::kMallocHost, "device memory is host memory; flagosd's host buffers "
+                                   "(staging regions) are shared memory it maps itself");
+  t->DeclareGap(Slot::kFreeHost, "device memory is host memory; nothing is allocated by "
+                                 "malloc_host");
+  t->Implement(Slot::kMemcpy, absl::StrCat("memcpy", kAtReturn));
+  t->Implement(Slot::kMemcpyAsync, absl::StrCat("memcpy/memmove", kAtReturn));
+  t->DeclareGap(Slot::kPointerGetAttributes,
+                "flagosd's segment table knows every device pointer it handed out; the backend "
+                "is never asked");
+  t->Implement(Slot::kMemset, absl::StrCat("memset", kAtReturn));
+  t->Implement(Slot::kMemsetAsync, absl::StrCat("memset", kAtReturn));
+  t->DeclareGap(Slot::kStreamCreateWithPriority, kNoPriorities);
+  t->Implement(Slot::kStreamCreate, "an id per device (0 is the default stream)");
+  t->DeclareGap(Slot::kStreamGetPriority, kNoPriorities);
+  t->Implement(Slot::kStreamDestroy, "forgets the id");
+  t->Implement(Slot::kStreamQuery, "always complete (synchronous execution)");
+  t->Implement(Slot::kStreamSynchronize, "nothing to wait for (synchronous execution)");
+  t->Implement(Slot::kStreamWaitEvent, "the event's work completed when it was recorded");
+  t->Implement(Slot::kEventCreateWithFlags, "enable_timing selects a timestamped event");
+  t->Implement(Slot::kEventCreate, "an id per device");
+  t->Implement(Slot::kEventDestroy, "forgets the id");
+  t->Implement(Slot::kEventRecord, "stores a steady_clock timestamp; complete at once");
+  t->Implement(Slot::kEventSynchronize, "nothing to wait for (synchronous execution)");
+  t->Implement(Slot::kEventQuery, "complete once recorded (and before, as in CUDA)");
+  t->Implement(Slot::kEventElapsedTime, "milliseconds between the two timestamps");
+  t->Implement(Slot::kDeviceProperties, "name 'flagos cpu device N', total = the budget");
+  t->Implement(Slot::kMemoryInfo, "budget minus the bytes allocated");
+  t->DeclareGap(Slot::kHostRegister, "cpu device memory is host memory and copies are memcpy "
+                                     "from any host address, so there is nothing to pin");
+  t->Implement(Slot::kHostAddress, "the device address itself (device memory is host memory)");
+  t->Implement(Slot::kLaunchHostFunc, "runs the function in the calling thread: the stream's "
+                                      "earlier work completed when its calls returned");
+}
+
 class CpuRuntime final : public DeviceRuntime {
  public:
   explicit CpuRuntime(const CpuRuntimeParams& params) {
     for (int i = 0; i < params.devices; ++i) {
       devices_.push_back(std::make_unique<CpuDevice>(i, params.memory_per_device));
     }
-    for (int i = 0; i < kSlotCount; ++i) capabilities_.Implement(static_cast<Slot>(i));
-    capabilities_.DeclareGap(Slot::kSetDevice,
-                             "flagosd has no current device: every call names its device");
-    capabilities_.DeclareGap(Slot::kCurrentDevice,
-                             "flagosd has no current device: every call names its device");
-    capabilities_.DeclareGap(Slot::kHostRegister,
-                             "cpu device memory is host memory and copies are memcpy from any "
-                             "host address, so there is nothing to pin");
-    capabilities_.DeclareGap(Slot::kStreamPriority,
-                             "operations run synchronously in the calling thread; streams "
-                             "have no scheduler that priorities could steer");
-    capabilities_.DeclareGap(Slot::kStreamCallback,
-                             "not provided by the cpu backend (work is complete when a call "
-                             "returns; callers run their own code after it)");
-    capabilities_.DeclareGap(Slot::kEventIpc,
-                             "events are per-process host timestamps and cannot be shared with "
-                             "another process");
+    DescribeSlots(&capabilities_);
   }
 
   absl::string_view name() const override { return kCpuBackendName; }
@@ -345,6 +379,23 @@ class CpuRuntime final : public DeviceRuntime {
   void* HostAddress(int device, DevicePtr ptr) const override {
     if (!Device(device).ok()) return nullptr;
     return reinterpret_cast<void*>(ptr);
+  }
+
+  absl::Status HostRegister(void* /*ptr*/, uint64_t /*nbytes*/) override {
+    return SlotGapError(kCpuBackendName, capabilities_, Slot::kHostRegister);
+  }
+  absl::Status HostUnregister(void* /*ptr*/) override {
+    return SlotGapError(kCpuBackendName, capabilities_, Slot::kHostRegister);
+  }
+
+  absl::Status LaunchHostFunc(int device, StreamHandle stream, HostFunc fn) override {
+    // The stream's earlier work completed when the calls that issued it
+    // returned: the function's moment is now.
+    absl::StatusOr<CpuDevice*> d = Device(device);
+    if (!d.ok()) return d.status();
+    if (absl::Status s = (*d)->CheckStream(stream); !s.ok()) return s;
+    std::move(fn)(absl::OkStatus());
+    return absl::OkStatus();
   }
 
   absl::StatusOr<StreamHandle> CreateStream(int device) override {

@@ -2,8 +2,9 @@
 
 1. ``FLAGOS_ENDPOINT`` (``unix:///path`` or ``host:port``) when set;
 2. else the system daemon's socket ``/run/flagosd/flagosd.sock`` if it exists;
-3. else a private flagosd (CPU backend) on a private socket, started here,
-   announced once on stderr and stopped when this process exits.
+3. else a private flagosd on a private socket, started here, announced once
+   on stderr and stopped when this process exits. Its backend is
+   ``FLAGOS_BACKEND`` (``cpu`` by default; ``kunlunxin`` or ``auto``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ _START_TIMEOUT_S = 20.0
 
 _lock = threading.Lock()
 _private: dict = {}
+
+
+def private_backend() -> str:
+    """The backend of a private flagosd: FLAGOS_BACKEND, else cpu."""
+    return os.environ.get("FLAGOS_BACKEND", "").strip() or "cpu"
 
 
 def resolve() -> str:
@@ -77,6 +83,7 @@ def _start_private_daemon() -> str:
         binary = find_daemon_binary()
         workdir = tempfile.mkdtemp(prefix="flagosd-")
         os.chmod(workdir, 0o700)
+        backend = private_backend()
         socket_path = os.path.join(workdir, "flagosd.sock")
         endpoint = "unix://" + socket_path
         log_path = os.path.join(workdir, "flagosd.log")
@@ -92,7 +99,7 @@ def _start_private_daemon() -> str:
             p for p in (torch_lib, env.get("LD_LIBRARY_PATH", "")) if p
         )
         proc = subprocess.Popen(
-            [binary, f"--listen={endpoint}", "--backend=cpu"],
+            [binary, f"--listen={endpoint}", f"--backend={backend}"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -116,7 +123,7 @@ def _start_private_daemon() -> str:
         _private.update(endpoint=endpoint, proc=proc, workdir=workdir)
         print(
             f"torch_fl: no FLAGOS_ENDPOINT and no system flagosd at {SYSTEM_SOCKET}; "
-            f"started a private flagosd (pid {proc.pid}, CPU backend) at {endpoint}; "
+            f"started a private flagosd (pid {proc.pid}, backend {backend}) at {endpoint}; "
             "it stops when this program exits",
             file=sys.stderr,
             flush=True,

@@ -31,9 +31,19 @@ inline void PrintTo(const BackendRegistration& backend, std::ostream* os) { *os 
 
 // One per backend file.
 BackendRegistration CpuBackend();
+// The kunlunxin backend over the fake libxpurt (built when tests/fakes/xpurt
+// is present: FLAGOS_CONFORMANCE_KUNLUNXIN_FAKE).
+BackendRegistration KunlunxinFakeBackend();
 
 // The backends this build tests.
-inline std::vector<BackendRegistration> RegisteredBackends() { return {CpuBackend()}; }
+inline std::vector<BackendRegistration> RegisteredBackends() {
+  return {
+      CpuBackend(),
+#ifdef FLAGOS_CONFORMANCE_KUNLUNXIN_FAKE
+      KunlunxinFakeBackend(),
+#endif
+  };
+}
 
 }  // namespace flagos::conformance
 

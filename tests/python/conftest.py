@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from flagos_test_env import REPO, fake_xpu_env, parse_bytes, run_backend
+
 PLUGIN_DIR = REPO / "plugin"
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 15.0
@@ -51,20 +52,34 @@ class Daemon:
         cpu_devices: int = 2,
         device_memory: str = "1GiB",
         extra_args: Sequence[str] = (),
+        backend: str | None = None,
+        env: Mapping[str, str | None] | None = None,
     ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.socket = workdir / "flagosd.sock"
         self.endpoint = f"unix://{self.socket}"
         self.log_path = workdir / "flagosd.log"
+        self.backend = backend or run_backend()
         self.args = [
             str(binary),
             f"--listen={self.endpoint}",
-            "--backend=cpu",
+            f"--backend={self.backend}",
             f"--cpu-devices={cpu_devices}",
             f"--device-memory={device_memory}",
             *extra_args,
         ]
+        # The kunlunxin backend's devices are the fake runtime's: the same
+        # device count and memory through its variables.
+        self.env = dict(os.environ)
+        if self.backend == "kunlunxin":
+            self.env.update(fake_xpu_env(devices=str(cpu_devices),
+                                         memory=str(parse_bytes(device_memory))))
+        for key, value in (env or {}).items():
+            if value is None:
+                self.env.pop(key, None)
+            else:
+                self.env[key] = value
         self.proc: subprocess.Popen[bytes] | None = None
 
     def log(self) -> str:
@@ -77,7 +92,11 @@ class Daemon:
         """Starts the daemon and waits until it says "listening on" (or its socket exists)."""
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                self.args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                self.args,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -275,7 +294,8 @@ def read_line() -> Callable[..., str]:
 
 @pytest.fixture
 def start_daemon(flagosd_binary: Path) -> Iterator[Callable[..., Daemon]]:
-    """start_daemon(cpu_devices=2, device_memory="1GiB", extra_args=()) -> a ready Daemon.
+    """start_daemon(cpu_devices=2, device_memory="1GiB", extra_args=(), backend=None, env=None)
+    -> a ready Daemon (backend: the run's unless given; env: variables set or removed).
 
     Each daemon is stopped after the test, which fails if one does not exit 0.
     """

@@ -9,6 +9,8 @@ import torch
 
 import torch_fl  # noqa: F401  (registers "flagos")
 
+from flagos_test_env import run_backend
+
 MiB = 1 << 20
 
 
@@ -187,7 +189,7 @@ def test_endpoint_is_the_one_from_the_environment(endpoint: str) -> None:
 
 def test_daemon_stats_describe_the_cpu_backend_and_its_devices() -> None:
     stats = torch_fl.daemon_stats()
-    assert stats["backend"] == "cpu"
+    assert stats["backend"] == run_backend()
     assert [d["index"] for d in stats["devices"]] == [0, 1]
     for device in stats["devices"]:
         assert device["total_memory"] == 1 << 30

@@ -122,3 +122,42 @@ def test_draws_have_the_right_distribution(n: int) -> None:
     assert abs(z.mean().item()) < 5 / n**0.5
     assert abs(z.std().item() - 1.0) < 5 * (0.5 / n) ** 0.5
     assert 0.0 <= u.min().item() and u.max().item() < 1.0
+
+
+SESSION_DRAWS = """
+import hashlib, sys, torch, torch_fl
+seed = int(sys.argv[1])
+digests = set()
+for _ in range(int(sys.argv[2])):
+    torch.manual_seed(seed)
+    h = hashlib.sha256()
+    for _ in range(3):
+        # rand takes a generator (explicit); dropout draws from the kernel
+        # device's default generator (implicit), which ATen has one of per
+        # process: the daemon must never let two sessions' draws interleave.
+        h.update(torch.rand(1 << 17, device="flagos").cpu().numpy().tobytes())
+        h.update(torch.nn.functional.dropout(torch.ones(1 << 17, device="flagos"), 0.5)
+                 .cpu().numpy().tobytes())
+    digests.add(h.hexdigest())
+print(len(digests), min(digests))
+"""
+
+
+def test_two_sessions_drawing_at_once_each_reproduce_their_own_numbers() -> None:
+    def run(*seeds_and_rounds: tuple[int, int]) -> list[str]:
+        procs = [
+            subprocess.Popen([sys.executable, "-c", SESSION_DRAWS, str(seed), str(rounds)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for seed, rounds in seeds_and_rounds
+        ]
+        outs = [p.communicate(timeout=300) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            assert p.returncode == 0, err
+        return [out.split() for out, _ in outs]
+
+    alone = run((101, 1), (202, 1))
+    together = run((101, 30), (202, 30))
+    for (count, digest), (_, solo_digest) in zip(together, alone):
+        assert count == "1", "a session's draws changed while another session drew"
+        assert digest == solo_digest, "a session's draws differ from the same seed drawn alone"
+    assert alone[0][1] != alone[1][1]

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 import torch_fl
 
+from flagos_test_env import run_backend
+
 SMI = Path(__file__).resolve().parents[2] / "build" / "bin" / "flagos-smi"
 
 
@@ -27,7 +29,7 @@ def test_json_lists_this_process_and_its_memory(endpoint: str) -> None:
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     stats = torch_fl.daemon_stats()
-    assert report["backend"] == stats["backend"] == "cpu"
+    assert report["backend"] == stats["backend"] == run_backend()
     assert [int(d["total_memory"]) for d in report["devices"]] == [
         d["total_memory"] for d in stats["devices"]
     ]

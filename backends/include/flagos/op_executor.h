@@ -1,9 +1,17 @@
-// How a backend runs ATen operators on its device memory.
+// How a backend runs ATen operators on its device memory: the `native`
+// route of backends/<name>/ops.conf. (The other route, cpu_fallback, is the
+// daemon's: it copies the operands to the host, runs ATen's CPU kernel and
+// copies the results back, all ordered on the op's stream.)
 //
 // The daemon decodes an operator call into a boxed stack whose tensors were
 // made by WrapDeviceMemory, then calls Call. The only translation units that
 // include this header are the daemon's executor and the backends' op files
 // (ATen headers are slow to compile).
+//
+// Completion: Call issues the kernel on `stream` and may return before it
+// has run, as every stream-ordered call of the runtime contract
+// (flagos/runtime.h). Tensors the kernel returns by value that are not over
+// device memory (host tensors) are complete when Call returns.
 #ifndef FLAGOS_BACKENDS_OP_EXECUTOR_H_
 #define FLAGOS_BACKENDS_OP_EXECUTOR_H_
 
@@ -27,7 +35,8 @@ class OpExecutor {
                                       c10::IntArrayRef strides, c10::ScalarType dtype) = 0;
   // Runs `op` on `stack` (arguments in, returns out). Errors raised by the
   // kernel come back as a status naming the op.
-  virtual absl::Status Call(int device, const c10::OperatorHandle& op, torch::jit::Stack* stack) = 0;
+  virtual absl::Status Call(int device, StreamHandle stream, const c10::OperatorHandle& op,
+                            torch::jit::Stack* stack) = 0;
 };
 
 }  // namespace flagos
