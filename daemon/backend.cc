@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cpu_kernel_facts.h"
 #include "cpu_op_executor.h"
 #include "cpu_runtime.h"
 #include "flagos/op_executor.h"
@@ -82,6 +83,13 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
   }
   return std::unique_ptr<Backend>(new Backend(name, std::move(runtime), std::move(native),
                                               CreateCpuOpExecutor(), *std::move(routes)));
+}
+
+const std::vector<KernelFact>& Backend::kernel_facts() const {
+  // Both backends run ATen's CPU kernels today: the cpu backend natively,
+  // the kunlunxin backend through cpu_fallback. A backend with native
+  // kernels of its own adds their facts for the ops routed to them.
+  return CpuKernelFacts();
 }
 
 std::string TorchVersion() { return TORCH_VERSION; }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "flagos/kernel_facts.h"
 #include "flagos/runtime.h"
 #include "op_routes.h"
 
@@ -54,6 +55,9 @@ class Backend {
   // ATen's CPU kernels over host memory (the cpu_fallback route).
   OpExecutor& host_executor() const { return *host_; }
   const OpRoutes& routes() const { return routes_; }
+  // What its kernels return that their meta functions do not say (sent to
+  // clients at the handshake).
+  const std::vector<KernelFact>& kernel_facts() const;
 
  private:
   Backend(std::string name, std::unique_ptr<DeviceRuntime> runtime,

@@ -70,6 +70,13 @@ grpc::Status FlagosService::Negotiate(grpc::ServerContext* /*context*/,
   response->set_daemon_version(kDaemonVersion);
   response->set_backend(backend_.name());
   response->set_torch_version(TorchVersion());
+  for (const KernelFact& fact : backend_.kernel_facts()) {
+    v1::KernelFact* out = response->add_kernel_facts();
+    out->set_op(fact.op);
+    out->set_always(fact.always);
+    out->set_reduced_precision_input(fact.reduced_precision_input);
+    out->set_eval_mode(fact.eval_mode);
+  }
   AddDevices(response->mutable_devices());
   return grpc::Status::OK;
 }

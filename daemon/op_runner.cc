@@ -736,9 +736,59 @@ struct OutArgument {
 };
 
 // A registered operator and what every call of it needs, worked out once.
+// The out= overload of a functional op: the same arguments (names and
+// types), then one Tensor(a!) out argument per return, every return a plain
+// Tensor. (Overload names do not follow one pattern: add.Tensor's is
+// add.out, sum.dim_IntList's sum.IntList_out.)
+std::optional<c10::OperatorHandle> FindOutVariant(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  const std::vector<c10::Argument>& arguments = schema.arguments();
+  const std::vector<c10::Argument>& returns = schema.returns();
+  if (returns.empty()) return std::nullopt;
+  for (const c10::Argument& argument : arguments) {
+    if (argument.alias_info() != nullptr) return std::nullopt;  // not functional
+  }
+  for (const c10::Argument& ret : returns) {
+    if (ret.type()->kind() != TypeKind::TensorType || ret.alias_info() != nullptr) {
+      return std::nullopt;
+    }
+  }
+  // Every overload name of every operator, once.
+  static const auto* const overloads = [] {
+    auto* map = new absl::flat_hash_map<std::string, std::vector<std::string>>();
+    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      (*map)[name.name].push_back(name.overload_name);
+    }
+    return map;
+  }();
+  auto it = overloads->find(op.operator_name().name);
+  if (it == overloads->end()) return std::nullopt;
+  for (const std::string& overload : it->second) {
+    std::optional<c10::OperatorHandle> candidate =
+        c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.operator_name().name, overload));
+    if (!candidate.has_value() || candidate->operator_name() == op.operator_name()) continue;
+    const std::vector<c10::Argument>& out_arguments = candidate->schema().arguments();
+    if (out_arguments.size() != arguments.size() + returns.size() ||
+        candidate->schema().returns().size() != returns.size()) {
+      continue;
+    }
+    bool matches = true;
+    for (size_t i = 0; i < arguments.size() && matches; ++i) {
+      matches = out_arguments[i].name() == arguments[i].name() &&
+                *out_arguments[i].type() == *arguments[i].type();
+    }
+    for (size_t i = arguments.size(); i < out_arguments.size() && matches; ++i) {
+      matches = out_arguments[i].is_out() &&
+                out_arguments[i].type()->kind() == TypeKind::TensorType;
+    }
+    if (matches) return candidate;
+  }
+  return std::nullopt;
+}
+
 struct RegisteredOp {
   RegisteredOp(const c10::OperatorHandle& handle, std::string name, OpRoute route)
-      : handle(handle), name(std::move(name)), route(route) {
+      : handle(handle), name(std::move(name)), route(route), out_variant(FindOutVariant(handle)) {
     for (const c10::Argument& argument : handle.schema().arguments()) {
       has_out_arguments |= argument.is_out();
     }
@@ -749,6 +799,12 @@ struct RegisteredOp {
   std::string name;
   OpRoute route;
   bool has_out_arguments = false;
+  // The out= overload that writes the results straight into the client's
+  // output tensors; unset once it failed where the functional op did not
+  // (kernels such as mse_loss.out resize their out tensor as scratch space,
+  // which memory over a segment cannot do).
+  std::optional<c10::OperatorHandle> out_variant;
+  mutable std::atomic<bool> out_variant_works{true};
 };
 
 // The boxed stack of a call: one vector per thread, reused (no allocation
@@ -894,23 +950,38 @@ class OpRunnerImpl final : public OpRunner {
     }
     StackLease lease;
     torch::jit::Stack& stack = lease.get();
-    stack.reserve(arguments.size());
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      const c10::Argument& argument = arguments[i];
-      const Where where = Where::Argument(argument.name(), i);
-      if (i >= static_cast<size_t>(call.args_size())) {
-        if (!argument.default_value().has_value()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              op_name, ": ", where.str(), " is missing and has no default; the command sends ",
-              call.args_size(), " of ", arguments.size(), " arguments"));
+    stack.reserve(arguments.size() + call.outputs_size());
+    // Results written once: a functional op whose client sent an output for
+    // every return runs as its out= overload, straight into those outputs.
+    const bool into_outputs =
+        registered->out_variant.has_value() &&
+        registered->out_variant_works.load(std::memory_order_relaxed) && !call.want_values() &&
+        call.outputs_size() == static_cast<int>(schema.returns().size()) &&
+        std::none_of(call.outputs().begin(), call.outputs().end(),
+                     [](const v1::TensorRef& ref) { return ref.undefined(); });
+    if (into_outputs) {
+      absl::Status s = DecodeArguments(context, op_name, arguments, call, &stack);
+      for (int i = 0; s.ok() && i < call.outputs_size(); ++i) {
+        context.set_writing(true);
+        absl::StatusOr<at::Tensor> out = context.WrapTensor(call.outputs(i), Where::Output(i));
+        if (out.ok()) {
+          stack.push_back(c10::IValue(*std::move(out)));
+        } else {
+          s = out.status();
         }
-        stack.push_back(*argument.default_value());
-        continue;
       }
-      context.set_writing(argument.alias_info() != nullptr && argument.alias_info()->isWrite());
-      absl::StatusOr<c10::IValue> value = context.Decode(call.args(i), argument.type(), where);
-      if (!value.ok()) return value.status();
-      stack.push_back(*std::move(value));
+      context.set_writing(false);
+      if (s.ok()) {
+        if (mirror.has_value()) mirror->Snapshot();
+        s = CallOp(context, *registered->out_variant, call, &stack);
+        if (s.ok()) return WriteBack(op_name, mirror);
+      }
+      // The functional op below says what is wrong, or does what the out=
+      // kernel could not (then the out= overload is not tried again).
+      stack.clear();
+    }
+    if (absl::Status s = DecodeArguments(context, op_name, arguments, call, &stack); !s.ok()) {
+      return s;
     }
     // out= arguments: kernels may resize them internally (mse_loss.out uses
     // its out tensor as scratch space), which memory over a segment cannot
@@ -967,13 +1038,43 @@ class OpRunnerImpl final : public OpRunner {
         }
       }
     }
-    if (mirror.has_value()) {
-      if (absl::Status s = mirror->WriteBack(); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(op_name, ": writing its results back for the "
-                                                   "cpu_fallback route: ", s.message()));
+    if (into_outputs) registered->out_variant_works.store(false, std::memory_order_relaxed);
+    return WriteBack(op_name, mirror);
+  }
+
+  // Decodes the call's arguments onto `stack` by the schema (missing
+  // trailing ones take their defaults).
+  absl::Status DecodeArguments(CallContext& context, const std::string& op_name,
+                               const std::vector<c10::Argument>& arguments,
+                               const v1::OpCall& call, torch::jit::Stack* stack) {
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const c10::Argument& argument = arguments[i];
+      const Where where = Where::Argument(argument.name(), i);
+      if (i >= static_cast<size_t>(call.args_size())) {
+        if (!argument.default_value().has_value()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              op_name, ": ", where.str(), " is missing and has no default; the command sends ",
+              call.args_size(), " of ", arguments.size(), " arguments"));
+        }
+        stack->push_back(*argument.default_value());
+        continue;
       }
+      context.set_writing(argument.alias_info() != nullptr && argument.alias_info()->isWrite());
+      absl::StatusOr<c10::IValue> value = context.Decode(call.args(i), argument.type(), where);
+      if (!value.ok()) return value.status();
+      stack->push_back(*std::move(value));
     }
+    context.set_writing(false);
     return absl::OkStatus();
+  }
+
+  // cpu_fallback: copies what the kernel wrote back to the device.
+  static absl::Status WriteBack(const std::string& op_name, std::optional<HostMirror>& mirror) {
+    if (!mirror.has_value()) return absl::OkStatus();
+    absl::Status s = mirror->WriteBack();
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat(op_name, ": writing its results back for the "
+                                               "cpu_fallback route: ", s.message()));
   }
 
   // Runs the op. A random op without a Generator argument draws from the

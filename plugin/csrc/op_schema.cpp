@@ -84,14 +84,6 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::OperatorHandle& op) {
       name == "aten::index" || name == "aten::index_put_" || name == "aten::index_put" ||
       name == "aten::_index_put_impl_" || name == "aten::_unsafe_index" ||
       name == "aten::_unsafe_index_put";
-  // A prefilter for MetaDisagreesWithTheKernel (shape_inference.cpp), which
-  // names the same operators.
-  traits->meta_may_disagree =
-      name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only" ||
-      name == "aten::native_layer_norm" || name == "aten::native_group_norm" ||
-      name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
-      name == "aten::_native_batch_norm_legit_no_training" ||
-      name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_no_update";
   const auto& arguments = schema.arguments();
   traits->written.resize(arguments.size());
   traits->generator.resize(arguments.size());

@@ -58,9 +58,12 @@ struct OpTraits {
   bool is_index = false;
   // Advanced indexing: CPU index tensors may join a flagos call.
   bool allows_host_operands = false;
-  // Batch/layer/group norm and embedding bag, whose CPU kernels may return
-  // other metadata than their meta kernels (shape_inference.cpp).
-  bool meta_may_disagree = false;
+  // Which of the daemon's kernel facts (NegotiateResponse.kernel_facts)
+  // names this op: kFactUnknown until looked up, kNoFact when none does,
+  // else its index (shape_inference.cpp).
+  static constexpr int kFactUnknown = -2;
+  static constexpr int kNoFact = -1;
+  mutable std::atomic<int> kernel_fact{kFactUnknown};
   // Index of the bool `training` argument, or -1.
   int training_argument = -1;
 

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "op_schema.h"
+#include "runtime.h"
 #include "tensor_codec.h"
 
 namespace torch_fl {
@@ -270,38 +271,52 @@ std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 
 }  // namespace
 
-// Calls whose CPU kernel returns other sizes or dtypes than the meta kernel
-// (which follows CUDA) says: batch norm keeps its saved statistics in the
-// input's reduced-precision dtype on the CPU (float32 on CUDA) and returns
-// none (empty tensors) in eval mode, and _embedding_bag sizes its auxiliary
-// outputs differently; layer and group norm keep their statistics in the
-// input's dtype too. They take the synchronous path, which learns the
-// outputs from the kernel itself.
+// Calls whose kernel returns other sizes or dtypes than the meta kernel
+// (which follows CUDA) says take the synchronous path, which learns the
+// outputs from the kernel itself. Which calls those are is a fact about the
+// daemon's backend, sent at the handshake (NegotiateResponse.kernel_facts;
+// for ATen's CPU kernels: batch norm's saved statistics in reduced
+// precision and in eval mode, _embedding_bag's auxiliary outputs, layer and
+// group norm's statistics in reduced precision).
 bool FirstArgumentInReducedPrecision(c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isTensor()) return false;
   c10::ScalarType dtype = args[0].toTensor().scalar_type();
   return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
 }
 
-bool MetaDisagreesWithTheKernel(const OpTraits& traits, c10::ArrayRef<c10::IValue> args) {
-  if (!traits.meta_may_disagree) return false;
-  const std::string& name = traits.name;
-  if (name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only") return true;
-  if (name == "aten::native_layer_norm" || name == "aten::native_group_norm") {
-    // The saved statistics: the input's dtype on the CPU, float32 on CUDA.
-    return FirstArgumentInReducedPrecision(args);
+// The daemon's kernel facts, read once from the session's handshake.
+const std::vector<flagos::v1::KernelFact>& KernelFacts() {
+  static const auto* const facts = [] {
+    const auto& received = Session().info().kernel_facts();
+    return new std::vector<flagos::v1::KernelFact>(received.begin(), received.end());
+  }();
+  return *facts;
+}
+
+const flagos::v1::KernelFact* KernelFactOf(const OpTraits& traits) {
+  int index = traits.kernel_fact.load(std::memory_order_relaxed);
+  if (index == OpTraits::kFactUnknown) {
+    const std::vector<flagos::v1::KernelFact>& facts = KernelFacts();
+    index = OpTraits::kNoFact;
+    for (size_t i = 0; i < facts.size(); ++i) {
+      if (facts[i].op() == traits.name) index = static_cast<int>(i);
+    }
+    traits.kernel_fact.store(index, std::memory_order_relaxed);
   }
-  if (name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
-      name == "aten::_native_batch_norm_legit_no_training" ||
-      name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_no_update") {
-    if (FirstArgumentInReducedPrecision(args)) return true;
+  return index < 0 ? nullptr : &KernelFacts()[index];
+}
+
+bool MetaDisagreesWithTheKernel(const OpTraits& traits, c10::ArrayRef<c10::IValue> args) {
+  const flagos::v1::KernelFact* fact = KernelFactOf(traits);
+  if (fact == nullptr) return false;
+  if (fact->always()) return true;
+  if (fact->reduced_precision_input() && FirstArgumentInReducedPrecision(args)) return true;
+  if (fact->eval_mode()) {
     const int training = traits.training_argument;
     if (training >= 0 && static_cast<size_t>(training) < args.size() &&
         args[training].isBool()) {
       return !args[training].toBool();
     }
-    return name == "aten::_native_batch_norm_legit_no_training" ||
-           name == "aten::_batch_norm_no_update";
   }
   return false;
 }

@@ -300,26 +300,36 @@ TEST_P(RuntimeConformanceTest, StreamWaitEventOrdersWorkAcrossStreams) {
   const StreamHandle producer = *runtime_->CreateStream(0);
   const StreamHandle consumer = *runtime_->CreateStream(0);
   const EventHandle ready = *runtime_->CreateEvent(0, false);
-  // Enough producer work (16 copies) that a consumer not held back by the
-  // event would start before it is done.
+  // The producer writes 24 chunks, the first 23 eight times over (some 20
+  // ms of copying), the last one at the very end; the consumer reads only
+  // the last, which a consumer not held back by the event would read long
+  // before the producer gets to it.
   constexpr uint64_t kChunk = 1 << 20;
-  constexpr int kChunks = 16;
+  constexpr int kChunks = 24;
+  constexpr int kRounds = 8;
   const DevicePtr a = MustMalloc(0, kChunk * kChunks);
-  const DevicePtr b = MustMalloc(0, kChunk * kChunks);
+  const DevicePtr b = MustMalloc(0, kChunk);
   const std::vector<uint8_t> zeros(kChunk * kChunks, 0);
   ASSERT_TRUE(runtime_->CopyHostToDevice(0, producer, a, zeros.data(), zeros.size()).ok());
   ASSERT_TRUE(runtime_->SynchronizeStream(0, producer).ok());
   const std::vector<uint8_t> in = Pattern(kChunk * kChunks, 11);
-  for (int i = 0; i < kChunks; ++i) {
-    ASSERT_TRUE(
-        runtime_->CopyHostToDevice(0, producer, a + i * kChunk, in.data() + i * kChunk, kChunk)
-            .ok());
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < kChunks - 1; ++i) {
+      ASSERT_TRUE(runtime_
+                      ->CopyHostToDevice(0, producer, a + i * kChunk, in.data() + i * kChunk,
+                                         kChunk)
+                      .ok());
+    }
   }
+  const uint64_t last = kChunk * (kChunks - 1);
+  ASSERT_TRUE(
+      runtime_->CopyHostToDevice(0, producer, a + last, in.data() + last, kChunk).ok());
   ASSERT_TRUE(runtime_->RecordEvent(0, ready, producer).ok());
   ASSERT_TRUE(runtime_->StreamWaitEvent(0, consumer, ready).ok());
-  ASSERT_TRUE(runtime_->CopyDeviceToDevice(0, consumer, b, 0, a, in.size()).ok());
+  ASSERT_TRUE(runtime_->CopyDeviceToDevice(0, consumer, b, 0, a + last, kChunk).ok());
   ASSERT_TRUE(runtime_->SynchronizeStream(0, consumer).ok());
-  EXPECT_EQ(Read(0, b, in.size()), in) << "the consumer did not wait for the producer's event";
+  EXPECT_EQ(Read(0, b, kChunk), std::vector<uint8_t>(in.begin() + last, in.end()))
+      << "the consumer did not wait for the producer's event";
   ASSERT_TRUE(runtime_->SynchronizeStream(0, producer).ok());
   EXPECT_TRUE(runtime_->DestroyEvent(0, ready).ok());
   EXPECT_TRUE(runtime_->DestroyStream(0, consumer).ok());

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "cpu_kernel_facts.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 
 namespace flagos::daemon {
@@ -316,6 +317,26 @@ TEST_F(ServerTest, NegotiateDescribesTheDaemon) {
     set_device_gap |= absl::StartsWith(gap, "set_device: ");
   }
   EXPECT_TRUE(set_device_gap);
+}
+
+TEST_F(ServerTest, NegotiateCarriesTheBackendsKernelFacts) {
+  grpc::ClientContext context;
+  v1::NegotiateRequest request;
+  request.set_min_version(1);
+  request.set_max_version(1);
+  v1::NegotiateResponse response;
+  ASSERT_TRUE(stub_->Negotiate(&context, request, &response).ok());
+  // ATen's CPU kernels keep batch norm's statistics in the input's reduced
+  // precision and return none in eval mode; the meta functions say neither.
+  const v1::KernelFact* batch_norm = nullptr;
+  for (const v1::KernelFact& fact : response.kernel_facts()) {
+    if (fact.op() == "aten::native_batch_norm") batch_norm = &fact;
+  }
+  ASSERT_NE(batch_norm, nullptr);
+  EXPECT_FALSE(batch_norm->always());
+  EXPECT_TRUE(batch_norm->reduced_precision_input());
+  EXPECT_TRUE(batch_norm->eval_mode());
+  EXPECT_EQ(static_cast<size_t>(response.kernel_facts_size()), CpuKernelFacts().size());
 }
 
 TEST_F(ServerTest, NegotiateWithoutCommonVersionNamesBothRanges) {
