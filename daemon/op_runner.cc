@@ -957,14 +957,20 @@ class OpRunnerImpl final : public OpRunner {
         registered->out_variant.has_value() &&
         registered->out_variant_works.load(std::memory_order_relaxed) && !call.want_values() &&
         call.outputs_size() == static_cast<int>(schema.returns().size()) &&
-        std::none_of(call.outputs().begin(), call.outputs().end(),
-                     [](const v1::TensorRef& ref) { return ref.undefined(); });
+        std::none_of(call.outputs().begin(), call.outputs().end(), [](const v1::TensorRef& ref) {
+          return ref.undefined() || ref.conj() || ref.neg();
+        });
     if (into_outputs) {
       absl::Status s = DecodeArguments(context, op_name, arguments, call, &stack);
+      // What each output is made as: an out= kernel may change its out
+      // tensor in place (max_unpool2d.out restrides it to the input's memory
+      // format), which would leave the bytes in another layout.
+      std::vector<std::pair<at::Tensor, const void*>> made;
       for (int i = 0; s.ok() && i < call.outputs_size(); ++i) {
         context.set_writing(true);
         absl::StatusOr<at::Tensor> out = context.WrapTensor(call.outputs(i), Where::Output(i));
         if (out.ok()) {
+          made.emplace_back(*out, out->data_ptr());
           stack.push_back(c10::IValue(*std::move(out)));
         } else {
           s = out.status();
@@ -974,7 +980,7 @@ class OpRunnerImpl final : public OpRunner {
       if (s.ok()) {
         if (mirror.has_value()) mirror->Snapshot();
         s = CallOp(context, *registered->out_variant, call, &stack);
-        if (s.ok()) return WriteBack(op_name, mirror);
+        if (s.ok() && OutputsIntact(call, made)) return WriteBack(op_name, mirror);
       }
       // The functional op below says what is wrong, or does what the out=
       // kernel could not (then the out= overload is not tried again).
@@ -1040,6 +1046,24 @@ class OpRunnerImpl final : public OpRunner {
     }
     if (into_outputs) registered->out_variant_works.store(false, std::memory_order_relaxed);
     return WriteBack(op_name, mirror);
+  }
+
+  // Whether every output still is the tensor the client described (sizes,
+  // strides, memory, no lazy conj/neg bit: linalg_lu_solve.out may set the
+  // conj bit of its out tensor instead of conjugating) after an out= kernel
+  // wrote it.
+  static bool OutputsIntact(const v1::OpCall& call,
+                            const std::vector<std::pair<at::Tensor, const void*>>& made) {
+    for (int i = 0; i < call.outputs_size(); ++i) {
+      const v1::TensorRef& ref = call.outputs(i);
+      const at::Tensor& t = made[i].first;
+      if (t.sizes() != c10::IntArrayRef(ref.sizes().data(), ref.sizes_size()) ||
+          t.strides() != c10::IntArrayRef(ref.strides().data(), ref.strides_size()) ||
+          t.data_ptr() != made[i].second || t.is_conj() || t.is_neg()) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // Decodes the call's arguments onto `stack` by the schema (missing

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from flagos_test_env import REPO, fake_xpu_env, parse_bytes, run_backend
+# Importable also when this file is loaded by path (tests/opinfo/driver.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from flagos_test_env import REPO, fake_xpu_env, parse_bytes, run_backend  # noqa: E402
 
 PLUGIN_DIR = REPO / "plugin"
 READY_TIMEOUT_S = 20.0
