@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/util/strides.h>
 
 #include <algorithm>
 #include <array>
@@ -245,6 +246,43 @@ class WrappedTensorCache {
 };
 
 // Decodes one call's arguments and handles its returns.
+// Tensor results a session's calls asked the daemon to keep
+// (OpCall.hold_results) until a place_result moves them into device memory.
+class HeldResults {
+ public:
+  // A contiguous host tensor.
+  absl::StatusOr<uint64_t> Hold(at::Tensor tensor) {
+    absl::MutexLock lock(&mu_);
+    if (held_.size() >= OpRunner::kMaxHeldResults) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the session holds ", held_.size(), " results not yet placed, the most flagosd keeps (",
+          OpRunner::kMaxHeldResults, "); send place_result for them"));
+    }
+    const uint64_t id = next_id_++;
+    held_.emplace(id, std::move(tensor));
+    return id;
+  }
+  std::optional<at::Tensor> Find(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return std::nullopt;
+    return it->second;
+  }
+  std::optional<at::Tensor> Take(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return std::nullopt;
+    at::Tensor tensor = std::move(it->second);
+    held_.erase(it);
+    return tensor;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, at::Tensor> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
 class CallContext {
  public:
   // `mirror`: the call's host copies on the cpu_fallback route; nullptr on
@@ -257,6 +295,10 @@ class CallContext {
         op_name_(op_name),
         check_(check),
         mirror_(mirror) {}
+
+  // Tensor returns are kept in `held` (reported as Value.held) instead of
+  // being sent by value.
+  void set_held_results(HeldResults* held) { held_ = held; }
 
   // Tensors decoded while this is set are arguments the kernel writes
   // (Tensor(a!)): on the cpu_fallback route their bytes go back to the
@@ -678,6 +720,7 @@ class CallContext {
       out->mutable_device()->set_type(c10::DeviceTypeName(device.type(), /*lower_case=*/true));
       out->mutable_device()->set_index(device.index());
     } else if (value.isTensor()) {
+      if (held_ != nullptr && value.toTensor().defined()) return Hold(value.toTensor(), out);
       return EncodeHostTensor(value.toTensor(), out);
     } else if (value.isList()) {
       for (const c10::IValue& element : value.toListRef()) {
@@ -714,6 +757,26 @@ class CallContext {
     });
   }
 
+  absl::Status Hold(const at::Tensor& tensor, v1::Value* out) {
+    if (!tensor.device().is_cpu()) {
+      return absl::InternalError(absl::StrCat(op_name_, ": the kernel returned a ",
+                                              tensor.device().str(), " tensor to hold"));
+    }
+    at::Tensor contiguous;
+    absl::Status status = Guarded(op_name_, Where::Text("holding a result"), [&]() {
+      contiguous = tensor.resolve_conj().resolve_neg().contiguous();
+      return absl::OkStatus();
+    });
+    if (!status.ok()) return status;
+    v1::HeldTensor* h = out->mutable_held();
+    for (int64_t size : contiguous.sizes()) h->add_sizes(size);
+    h->set_dtype(static_cast<int>(contiguous.scalar_type()));
+    absl::StatusOr<uint64_t> id = held_->Hold(std::move(contiguous));
+    if (!id.ok()) return id.status();
+    h->set_id(*id);
+    return absl::OkStatus();
+  }
+
   absl::Status Unencodable(const c10::IValue& value) {
     return absl::UnimplementedError(absl::StrCat(op_name_, ": a return of kind ", value.tagKind(),
                                                  " cannot be sent back by flagosd yet"));
@@ -725,6 +788,7 @@ class CallContext {
   const std::string& op_name_;
   OpRunner::RangeCheck check_;
   HostMirror* const mirror_;
+  HeldResults* held_ = nullptr;
   bool writing_ = false;
 };
 
@@ -878,6 +942,56 @@ class OpRunnerImpl final : public OpRunner {
     return absl::OkStatus();
   }
 
+  absl::Status PlaceResult(int device, StreamHandle stream, const v1::PlaceResult& place,
+                           RangeCheck check) override {
+    // Found now, forgotten once the destination checked out (a bad
+    // place_result leaves it held).
+    std::optional<at::Tensor> held = held_.Find(place.id());
+    if (!held.has_value()) {
+      return absl::NotFoundError(absl::StrCat(
+          "place_result: no held result ", place.id(),
+          " in this session (placed already, or never held: hold_results on the op)"));
+    }
+    const v1::TensorRef& dst = place.dst();
+    absl::StatusOr<TensorExtent> extent = ComputeTensorExtent(dst);
+    if (!extent.ok()) return extent.status();
+    const bool same_shape =
+        c10::IntArrayRef(dst.sizes().data(), dst.sizes_size()) == held->sizes() &&
+        dst.dtype() == static_cast<int>(held->scalar_type());
+    const uint64_t nbytes = held->nbytes();
+    if (!same_shape || extent->nbytes != nbytes ||
+        !c10::IntArrayRef(dst.strides().data(), dst.strides_size())
+             .equals(c10::contiguous_strides(held->sizes()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "place_result ", place.id(), ": the destination must be contiguous with sizes ",
+          SizesString(held->sizes()), " and dtype ", c10::toString(held->scalar_type())));
+    }
+    if (dst.device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat("place_result ", place.id(),
+                                                     ": the destination is on ",
+                                                     DeviceName(dst.device()), ", the command on ",
+                                                     DeviceName(device)));
+    }
+    if (nbytes > 0) {
+      if (absl::Status s = check(device, extent->begin, nbytes); !s.ok()) return s;
+    }
+    held_.Take(place.id());
+    if (nbytes == 0) return absl::OkStatus();
+    DeviceRuntime& runtime = backend_.runtime();
+    if (absl::Status s = runtime.CopyHostToDevice(device, stream, extent->begin,
+                                                  held->const_data_ptr(), nbytes);
+        !s.ok()) {
+      return s;
+    }
+    // The bytes stay alive until the device has read them.
+    auto keep = std::make_shared<at::Tensor>(*std::move(held));
+    if (!runtime.LaunchHostFunc(device, stream, [keep](absl::Status) mutable { keep.reset(); })
+             .ok()) {
+      return runtime.SynchronizeStream(device, stream);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call, RangeCheck check,
                    v1::Completion* completion) override {
     try {
@@ -928,6 +1042,7 @@ class OpRunnerImpl final : public OpRunner {
     }
     CallContext context(backend_, device, stream, op_name, check,
                         mirror.has_value() ? &*mirror : nullptr);
+    if (call.want_values() && call.hold_results()) context.set_held_results(&held_);
     if (mirror.has_value()) {
       for (int i = 0; i < call.args_size() && i < static_cast<int>(arguments.size()); ++i) {
         if (absl::Status s = context.MirrorValue(call.args(i), arguments[i].is_out(),
@@ -1122,6 +1237,7 @@ class OpRunnerImpl final : public OpRunner {
   }
 
   const Backend& backend_;
+  HeldResults held_;
   absl::Mutex mu_;
   // Entries are never removed: pointers to them stay valid.
   absl::flat_hash_map<uint32_t, std::unique_ptr<RegisteredOp>> ops_ ABSL_GUARDED_BY(mu_);

@@ -73,6 +73,16 @@ class OpRunner {
   // op.
   virtual absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call,
                            RangeCheck check, v1::Completion* completion) = 0;
+
+  // Held results (OpCall.hold_results): tensor returns kept here, reported
+  // as `held`, until PlaceResult copies one into `place.dst` on `stream`
+  // (its bytes released once the device has read them) and forgets it.
+  // NOT_FOUND for an unknown id; INVALID_ARGUMENT unless dst is contiguous
+  // with the result's sizes and dtype. At most kMaxHeldResults are held;
+  // beyond, the op fails with RESOURCE_EXHAUSTED.
+  static constexpr size_t kMaxHeldResults = 4096;
+  virtual absl::Status PlaceResult(int device, StreamHandle stream, const v1::PlaceResult& place,
+                                   RangeCheck check) = 0;
 };
 
 }  // namespace flagos::daemon

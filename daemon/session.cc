@@ -225,6 +225,7 @@ void Session::Dispatch(v1::Command command, bool ordered) {
       }
       [[fallthrough]];
     case v1::Command::kOp:
+    case v1::Command::kPlaceResult:
     case v1::Command::kCopyToDevice:
     case v1::Command::kCopyFromDevice:
     case v1::Command::kMemset:
@@ -853,6 +854,11 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
           },
           completion);
     }
+    case v1::Command::kPlaceResult:
+      return ops_->PlaceResult(device, backend_stream, command.place_result(),
+                               [&](int d, uint64_t addr, uint64_t nbytes) {
+                                 return CheckRange(command, d, addr, nbytes);
+                               });
     case v1::Command::kCopyToDevice: {
       const v1::CopyToDevice& copy = command.copy_to_device();
       if (copy.has_staged()) {

@@ -241,6 +241,8 @@ void RunSynchronously(const c10::OperatorHandle& op, const OpTraits& traits, int
   flagos::v1::Command command;
   EncodeOpCall(traits, device, args, &command);
   command.mutable_op()->set_want_values(true);
+  // Tensor results stay in the daemon until placed into device memory.
+  command.mutable_op()->set_hold_results(true);
   flagos::v1::Completion completion = Call(std::move(command), traits.describe);
   const auto& arguments = schema.arguments();
   const auto& returns = schema.returns();

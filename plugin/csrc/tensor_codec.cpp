@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "copy.h"
+#include "runtime.h"
 
 namespace torch_fl {
 namespace {
@@ -148,9 +149,28 @@ c10::IValue DecodeResult(const flagos::v1::Value& v, int device) {
       return c10::IValue(cpu.to(at::Device(c10::DeviceType::PrivateUse1,
                                            static_cast<c10::DeviceIndex>(device))));
     }
+    case V::kHeld: {
+      // A result the daemon kept: device memory for it, and the daemon
+      // moves it there (its bytes never come to this process).
+      const auto& h = v.held();
+      std::vector<int64_t> sizes(h.sizes().begin(), h.sizes().end());
+      at::Tensor tensor = at::empty(
+          sizes, at::TensorOptions()
+                     .dtype(static_cast<c10::ScalarType>(h.dtype()))
+                     .device(at::Device(c10::DeviceType::PrivateUse1,
+                                        static_cast<c10::DeviceIndex>(device))));
+      flagos::v1::Command command;
+      command.set_device(device);
+      command.mutable_place_result()->set_id(h.id());
+      EncodeTensorRef(tensor, command.mutable_place_result()->mutable_dst());
+      Enqueue(std::move(command), "place_result");
+      return c10::IValue(tensor);
+    }
     case V::kList: {
       bool all_tensors = v.list().values_size() > 0;
-      for (const auto& e : v.list().values()) all_tensors &= e.v_case() == V::kHostTensor;
+      for (const auto& e : v.list().values()) {
+        all_tensors &= e.v_case() == V::kHostTensor || e.v_case() == V::kHeld;
+      }
       if (all_tensors) {
         c10::List<at::Tensor> list;
         for (const auto& e : v.list().values()) list.push_back(DecodeResult(e, device).toTensor());

@@ -123,3 +123,39 @@ def test_a_batch_left_idle_is_sent_without_a_synchronize() -> None:
         time.sleep(0.005)
     assert my_session()["commands"] > before, "the idle batch never reached the daemon"
     assert torch.equal(a.cpu(), torch.full((16,), 2.0))
+
+
+# A data-dependent result stays in the daemon: the client learns its sizes,
+# allocates device memory and the daemon places it there (hold_results /
+# place_result), so its bytes never come to the client. Inline (no staging
+# region, no sync channel) every byte the daemon sends is counted.
+HELD = """
+import json, torch, torch_fl
+def mine():
+    sid = torch_fl._C._session_id()
+    return next(s for s in torch_fl._C._daemon_stats("")["sessions"] if s["id"] == sid)
+n = 2 << 20
+x = torch.ones(n, device="flagos")
+torch.flagos.synchronize()
+before = mine()
+idx = torch.nonzero(x)                    # 2M x 1 int64: 16 MiB
+picked = torch.masked_select(x, x > 0)    # 2M floats: 8 MiB
+torch.flagos.synchronize()
+after = mine()
+print(json.dumps({
+    "shape": list(idx.shape), "last": idx[-1].item(), "sum": idx.sum().item(),
+    "picked": picked.numel(), "picked_sum": picked.sum().item(),
+    "sent": after["stream_bytes_sent"] - before["stream_bytes_sent"],
+}))
+"""
+
+
+def test_data_dependent_results_stay_in_the_daemon(run_python) -> None:
+    proc = run_python(HELD, env={"FLAGOS_STAGING": "0"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    n = 2 << 20
+    assert out["shape"] == [n, 1] and out["last"] == n - 1
+    assert out["sum"] == n * (n - 1) // 2
+    assert out["picked"] == n and out["picked_sum"] == float(n)
+    assert out["sent"] < MIB, f"{out['sent']} bytes came back for 24 MiB of held results"

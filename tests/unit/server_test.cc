@@ -428,6 +428,41 @@ TEST_F(ServerTest, InPlaceOpWritesThroughItsArgument) {
             (std::vector<float>{0.5f, 1, 1.5f, 2}));
 }
 
+TEST_F(ServerTest, HeldResultsStayInTheDaemonUntilPlaced) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  session.Send({CopyTo(addr, FloatBytes({0, 7, 0, 9})), RegisterOp(1, "aten::nonzero", "")});
+  v1::Command op = Op(1, {TensorValue(Ref(addr, {4}))}, {}, true);
+  op.mutable_op()->set_hold_results(true);
+  v1::Completion nonzero = session.Call(std::move(op));
+  ASSERT_EQ(nonzero.code(), 0) << nonzero.message();
+  ASSERT_EQ(nonzero.values_size(), 1);
+  ASSERT_TRUE(nonzero.values(0).has_held()) << "the result's bytes came back to the client";
+  const v1::HeldTensor& held = nonzero.values(0).held();
+  EXPECT_EQ(std::vector<int64_t>(held.sizes().begin(), held.sizes().end()),
+            (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(held.dtype(), kLong);
+
+  // A destination of the wrong shape is refused and the result kept.
+  v1::Command bad;
+  bad.mutable_place_result()->set_id(held.id());
+  *bad.mutable_place_result()->mutable_dst() = Ref(addr + 16, {3}, kLong);
+  v1::Command place;
+  place.mutable_place_result()->set_id(held.id());
+  *place.mutable_place_result()->mutable_dst() = Ref(addr + 32, {2, 1}, kLong);
+  v1::Command again = place;  // placed already: not found
+  std::vector<v1::Completion> errors = session.RunAndSync({bad, place, again});
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[0].code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+      << errors[0].message();
+  EXPECT_EQ(errors[1].code(), static_cast<int>(absl::StatusCode::kNotFound)) << errors[1].message();
+  std::string bytes = session.Call(CopyFrom(addr + 32, 16)).data();
+  std::vector<int64_t> indices(2);
+  std::memcpy(indices.data(), bytes.data(), 16);
+  EXPECT_EQ(indices, (std::vector<int64_t>{1, 3}));
+}
+
 TEST_F(ServerTest, OpWithWantValuesReturnsScalarsAndHostTensors) {
   RawSession session(stub_.get());
   session.Open();
