@@ -232,15 +232,8 @@ class KunlunxinRuntime final : public DeviceRuntime {
     if (nbytes == 0) return absl::OkStatus();
     if (absl::Status r = (*d)->CheckRange(dst, nbytes, "destination"); !r.ok()) return r;
     if (src == nullptr) return NullHostPointer(device, "source");
-    if (absl::Status r = Use(device); !r.ok()) return r;
-    const int rc = api_.xpu_memcpy_async(reinterpret_cast<void*>(dst), src, nbytes,
-                                         kunlunxin::kXpuMemcpyHostToDevice, (*s)->handle);
-    if (rc != 0) {
-      return XpuStatus(rc, device, absl::StrCat("xpu_memcpy_async host to device of ", nbytes,
-                                                " bytes on stream ", stream));
-    }
-    (*s)->MarkIssued();
-    return absl::OkStatus();
+    return MemcpyAsync(device, stream, **s, reinterpret_cast<void*>(dst), src, nbytes,
+                       kunlunxin::kXpuMemcpyHostToDevice, "host to device");
   }
 
   absl::Status CopyDeviceToHost(int device, StreamHandle stream, void* dst, DevicePtr src,
@@ -252,15 +245,8 @@ class KunlunxinRuntime final : public DeviceRuntime {
     if (nbytes == 0) return absl::OkStatus();
     if (absl::Status r = (*d)->CheckRange(src, nbytes, "source"); !r.ok()) return r;
     if (dst == nullptr) return NullHostPointer(device, "destination");
-    if (absl::Status r = Use(device); !r.ok()) return r;
-    const int rc = api_.xpu_memcpy_async(dst, reinterpret_cast<const void*>(src), nbytes,
-                                         kunlunxin::kXpuMemcpyDeviceToHost, (*s)->handle);
-    if (rc != 0) {
-      return XpuStatus(rc, device, absl::StrCat("xpu_memcpy_async device to host of ", nbytes,
-                                                " bytes on stream ", stream));
-    }
-    (*s)->MarkIssued();
-    return absl::OkStatus();
+    return MemcpyAsync(device, stream, **s, dst, reinterpret_cast<const void*>(src), nbytes,
+                       kunlunxin::kXpuMemcpyDeviceToHost, "device to host");
   }
 
   absl::Status CopyDeviceToDevice(int device, StreamHandle stream, DevicePtr dst, int src_device,
@@ -274,18 +260,12 @@ class KunlunxinRuntime final : public DeviceRuntime {
     if (nbytes == 0) return absl::OkStatus();
     if (absl::Status r = (*d)->CheckRange(dst, nbytes, "destination"); !r.ok()) return r;
     if (absl::Status r = (*sd)->CheckRange(src, nbytes, "source"); !r.ok()) return r;
-    if (absl::Status r = Use(device); !r.ok()) return r;
     if (src_device == device) {
-      const int rc =
-          api_.xpu_memcpy_async(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
-                                nbytes, kunlunxin::kXpuMemcpyDeviceToDevice, (*s)->handle);
-      if (rc != 0) {
-        return XpuStatus(rc, device, absl::StrCat("xpu_memcpy_async device to device of ", nbytes,
-                                                  " bytes on stream ", stream));
-      }
-      (*s)->MarkIssued();
-      return absl::OkStatus();
+      return MemcpyAsync(device, stream, **s, reinterpret_cast<void*>(dst),
+                         reinterpret_cast<const void*>(src), nbytes,
+                         kunlunxin::kXpuMemcpyDeviceToDevice, "device to device");
     }
+    if (absl::Status r = Use(device); !r.ok()) return r;
     // libxpurt's peer copy is synchronous and takes no stream: ordering it
     // on `stream` means waiting for the stream's earlier work first. It is
     // complete when the call returns.
@@ -583,6 +563,20 @@ class KunlunxinRuntime final : public DeviceRuntime {
   // Issues `fn` on `stream`: an event recorded there, and an entry of the
   // stream's host-function queue that waits for it. On an error `fn` is
   // destroyed without running.
+  // Issues one xpu_memcpy_async of `kind` on `xpu_stream` (flagosd's handle
+  // `stream`), after making `device` current; `direction` names it in errors.
+  absl::Status MemcpyAsync(int device, StreamHandle stream, XpuStream& xpu_stream, void* dst,
+                           const void* src, uint64_t nbytes, int kind,
+                           absl::string_view direction) {
+    if (absl::Status r = Use(device); !r.ok()) return r;
+    if (int rc = api_.xpu_memcpy_async(dst, src, nbytes, kind, xpu_stream.handle); rc != 0) {
+      return XpuStatus(rc, device, absl::StrCat("xpu_memcpy_async ", direction, " of ", nbytes,
+                                                " bytes on stream ", stream));
+    }
+    xpu_stream.MarkIssued();
+    return absl::OkStatus();
+  }
+
   absl::Status IssueHostFunc(int device, XpuStream& stream, HostFunc fn) {
     if (closing_.load()) {
       return absl::FailedPreconditionError(absl::StrCat(
