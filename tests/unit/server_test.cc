@@ -451,12 +451,18 @@ TEST_F(ServerTest, HeldResultsStayInTheDaemonUntilPlaced) {
   v1::Command place;
   place.mutable_place_result()->set_id(held.id());
   *place.mutable_place_result()->mutable_dst() = Ref(addr + 32, {2, 1}, kLong);
+  // A destination outside the session's segments is refused too.
+  v1::Command outside;
+  outside.mutable_place_result()->set_id(held.id());
+  *outside.mutable_place_result()->mutable_dst() = Ref(addr + (1 << 20), {2, 1}, kLong);
   v1::Command again = place;  // placed already: not found
-  std::vector<v1::Completion> errors = session.RunAndSync({bad, place, again});
-  ASSERT_EQ(errors.size(), 2u);
+  std::vector<v1::Completion> errors = session.RunAndSync({bad, outside, place, again});
+  ASSERT_EQ(errors.size(), 3u);
   EXPECT_EQ(errors[0].code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
       << errors[0].message();
-  EXPECT_EQ(errors[1].code(), static_cast<int>(absl::StatusCode::kNotFound)) << errors[1].message();
+  EXPECT_EQ(errors[1].code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+      << errors[1].message();
+  EXPECT_EQ(errors[2].code(), static_cast<int>(absl::StatusCode::kNotFound)) << errors[2].message();
   std::string bytes = session.Call(CopyFrom(addr + 32, 16)).data();
   std::vector<int64_t> indices(2);
   std::memcpy(indices.data(), bytes.data(), 16);
