@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "logging.h"
 
 namespace flagos::daemon {
@@ -24,6 +25,19 @@ std::string VersionRange(uint32_t min, uint32_t max) {
 }
 
 }  // namespace
+
+FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
+                             DeviceActivity* activity, Metrics* metrics)
+    : backend_(*backend),
+      registry_(*registry),
+      activity_(*activity),
+      metrics_(metrics),
+      start_time_(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())) {}
+
+grpc::Status FlagosService::Counted(grpc::Status status) const {
+  if (!status.ok() && metrics_ != nullptr) metrics_->CountRpcError(status.error_code());
+  return status;
+}
 
 void FlagosService::AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const {
   const DeviceRuntime& runtime = backend_.runtime();
@@ -41,6 +55,8 @@ void FlagosService::AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo
     uint64_t used = 0;
     for (const auto& session : sessions) used += session->device_bytes(d);
     info->set_used_memory(used);
+    info->set_busy_seconds(activity_.busy_seconds(d));
+    info->set_utilization(activity_.utilization(d));
     for (const std::string& name : capabilities) info->add_capabilities(name);
     for (const std::string& gap : gaps) info->add_gaps(gap);
   }
@@ -50,21 +66,21 @@ grpc::Status FlagosService::Negotiate(grpc::ServerContext* /*context*/,
                                       const v1::NegotiateRequest* request,
                                       v1::NegotiateResponse* response) {
   if (request->min_version() > request->max_version()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+    return Counted(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("the client's protocol range ",
                                      VersionRange(request->min_version(), request->max_version()),
-                                     " is empty (min > max)"));
+                                     " is empty (min > max)")));
   }
   const uint32_t low = std::max(request->min_version(), kMinProtocolVersion);
   const uint32_t high = std::min(request->max_version(), kMaxProtocolVersion);
   if (low > high) {
-    return grpc::Status(
+    return Counted(grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrCat("no common protocol version: the client speaks ",
                      VersionRange(request->min_version(), request->max_version()),
                      ", flagosd ", kDaemonVersion, " speaks ",
                      VersionRange(kMinProtocolVersion, kMaxProtocolVersion),
-                     "; use a client and a flagosd from compatible releases"));
+                     "; use a client and a flagosd from compatible releases")));
   }
   response->set_version(high);
   response->set_daemon_version(kDaemonVersion);
@@ -88,6 +104,9 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
   AddDevices(response->mutable_devices());
   for (const auto& session : registry_.Snapshot()) *response->add_sessions() = session->Info();
   response->set_sessions_total(registry_.sessions_total());
+  response->set_daemon_version(kDaemonVersion);
+  response->set_torch_version(TorchVersion());
+  response->set_start_time_unix(start_time_);
   return grpc::Status::OK;
 }
 
@@ -96,23 +115,28 @@ grpc::Status FlagosService::Session(
     grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) {
   v1::ClientMessage message;
   if (!stream->Read(&message)) {
-    return grpc::Status(grpc::StatusCode::CANCELLED, "the session stream ended before `open`");
+    return Counted(
+        grpc::Status(grpc::StatusCode::CANCELLED, "the session stream ended before `open`"));
   }
   if (!message.has_open()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "the first message of a session must be `open`; call Negotiate, then "
-                        "send SessionOpen with the negotiated version");
+    return Counted(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "the first message of a session must be `open`; call Negotiate, "
+                                "then send SessionOpen with the negotiated version"));
   }
   const v1::SessionOpen open = message.open();
   if (open.version() < kMinProtocolVersion || open.version() > kMaxProtocolVersion) {
-    return grpc::Status(
+    return Counted(grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrCat("the session was opened with protocol version ", open.version(),
                      "; flagosd speaks ", VersionRange(kMinProtocolVersion, kMaxProtocolVersion),
-                     "; open it with the version Negotiate returned"));
+                     "; open it with the version Negotiate returned")));
   }
   absl::StatusOr<uint64_t> id = registry_.Admit([context] { context->TryCancel(); });
-  if (!id.ok()) return ToGrpc(id.status());
+  if (!id.ok()) {
+    if (metrics_ != nullptr) metrics_->CountSessionRefused();
+    return Counted(ToGrpc(id.status()));
+  }
+  if (metrics_ != nullptr) metrics_->CountSessionOpened();
 
   // Completions come from this thread and from the session's queue workers.
   absl::Mutex write_mu;
@@ -128,10 +152,13 @@ grpc::Status FlagosService::Session(
         v1::ServerMessage reply;
         *reply.add_completions() = std::move(completion);
         write(reply);
-      });
+      },
+      &activity_, metrics_);
   registry_.Attach(*id, session);
-  LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '", open.client(),
-                       "', peer ", context->peer(), ")"));
+  LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '",
+                       session->client(), "', torch ",
+                       session->torch_version().empty() ? "unknown" : session->torch_version(),
+                       ", peer ", context->peer(), ")"));
   {
     absl::MutexLock lock(&write_mu);
     counted = session.get();
@@ -169,7 +196,7 @@ grpc::Status FlagosService::Session(
                        cancelled ? "cancelled" : "ended by the client", "): ", commands,
                        " commands, freed ", summary.segments, " segments (", summary.bytes,
                        " bytes)"));
-  return end;
+  return Counted(end);
 }
 
 }  // namespace flagos::daemon

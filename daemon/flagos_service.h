@@ -8,6 +8,8 @@
 #include <cstdint>
 
 #include "backend.h"
+#include "device_activity.h"
+#include "metrics.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "session_registry.h"
 
@@ -19,9 +21,9 @@ inline constexpr uint32_t kMaxProtocolVersion = 1;
 
 class FlagosService final : public v1::Flagos::Service {
  public:
-  // Both must outlive the service.
-  FlagosService(const Backend* backend, SessionRegistry* registry)
-      : backend_(*backend), registry_(*registry) {}
+  // All must outlive the service; `metrics` may be null (metrics off).
+  FlagosService(const Backend* backend, SessionRegistry* registry, DeviceActivity* activity,
+                Metrics* metrics);
 
   // The staging socket offered to sessions opened over a unix socket (empty:
   // none). Call before the server starts.
@@ -42,8 +44,14 @@ class FlagosService final : public v1::Flagos::Service {
   // segments of all live sessions.
   void AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const;
 
+  // Counts a call that ends with `status` (rpc errors) and returns it.
+  grpc::Status Counted(grpc::Status status) const;
+
   const Backend& backend_;
   SessionRegistry& registry_;
+  DeviceActivity& activity_;
+  Metrics* const metrics_;
+  const double start_time_;  // seconds since the epoch
   std::string staging_socket_;
 };
 

@@ -28,6 +28,7 @@
 #include "listen_endpoint.h"
 #include "logging.h"
 #include "server.h"
+#include "watchdog.h"
 
 ABSL_FLAG(std::vector<std::string>, listen,
           std::vector<std::string>({flagos::daemon::kDefaultListen}),
@@ -56,6 +57,14 @@ ABSL_FLAG(bool, describe_backend, false,
           "Print the backend's runtime slot table (each slot of the contract: implemented, "
           "emulated and how, or a gap and why) and its operator routes as Markdown, then exit "
           "without listening (docs/reference/backends.md is made of this output).");
+ABSL_FLAG(std::string, metrics_listen, flagos::daemon::kDefaultMetricsListen,
+          "Where to serve Prometheus metrics over HTTP (GET /metrics): host:port, e.g. "
+          "127.0.0.1:9400, 0.0.0.0:9400 for a scraper on another host, or port 0 for a free "
+          "port (the ready line names it). Empty (--metrics-listen=) disables metrics: no "
+          "listener and nothing counted on the command path. docs/operations.md lists them.");
+ABSL_FLAG(absl::Duration, test_wedge_health_probes_after, absl::InfiniteDuration(),
+          "Testing only: device health probes started this long after start never finish, "
+          "as on a wedged device queue, so the systemd watchdog stops being fed.");
 ABSL_FLAG(int, max_sessions, 256,
           "Most client sessions served at once; further sessions are refused with "
           "RESOURCE_EXHAUSTED.");
@@ -71,11 +80,14 @@ constexpr char kUsage[] =
     "everything it allocated is freed.\n\n"
     "Usage: flagosd [--listen=unix:///run/flagosd/flagosd.sock] [--backend=auto]\n"
     "               [--cpu-devices=2] [--device-memory=8GiB] [--max-sessions=256]\n"
+    "               [--metrics-listen=127.0.0.1:9400]\n"
     "Flag names may be written with dashes or underscores (--cpu-devices, --cpu_devices).\n\n"
     "flagosd prints one line on stdout when it is ready:\n"
     "  flagosd 0.1.0 listening on unix:///run/flagosd/flagosd.sock (backend cpu, 2 devices x "
     "8GiB)\n"
-    "and logs to stderr. SIGTERM or SIGINT stops it: sessions are cancelled, memory is freed,\n"
+    "and logs to stderr. Prometheus scrapes http://127.0.0.1:9400/metrics. Under systemd it\n"
+    "sends READY=1, STATUS= lines and, with WatchdogSec, WATCHDOG=1 after health checks.\n"
+    "SIGTERM or SIGINT stops it: sessions are cancelled, memory is freed,\n"
     "and it exits with status 0.";
 
 // Rewrites the command line for absl: flag names may be written with
@@ -196,6 +208,15 @@ int Run(int argc, char** argv) {
   ServerOptions server_options;
   server_options.listen = absl::GetFlag(FLAGS_listen);
   server_options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  server_options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  // An address asked for must be served; the default one may be taken (by
+  // the node's system flagosd, when this is a private one): then a warning.
+  server_options.metrics_listen_required =
+      std::any_of(merged.begin(), merged.end(), [](const std::string& arg) {
+        return absl::StartsWith(arg, "--metrics_listen") || absl::StartsWith(arg, "-metrics_listen");
+      });
+  server_options.test_wedge_health_probes_after =
+      absl::GetFlag(FLAGS_test_wedge_health_probes_after);
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend->get());
   if (!server.ok()) return Fail(server.status().message());
 
@@ -205,27 +226,35 @@ int Run(int argc, char** argv) {
       properties.ok()) {
     device_memory = properties->total_memory;
   }
-  const std::string ready = absl::StrCat(
+  std::string ready = absl::StrCat(
       "flagosd ", kDaemonVersion, " listening on ", absl::StrJoin((*server)->endpoints(), ", "),
       " (backend ", (*backend)->name(), ", ", runtime.DeviceCount(), " devices x ",
       FormatByteSize(device_memory), ")");
+  if (const std::string url = (*server)->metrics_url(); !url.empty()) {
+    absl::StrAppend(&ready, "; metrics on ", url);
+  }
   std::printf("%s\n", ready.c_str());
   std::fflush(stdout);
   LogInfo(absl::StrCat(ready, "; torch ", TorchVersion()));
   // systemd Type=notify: ready once the devices are up and the sockets
   // listen (a no-op when not started by systemd).
   sd_notify(0, absl::StrCat("READY=1\nSTATUS=", ready).c_str());
+  // WATCHDOG=1 after passing health checks, and STATUS= updates.
+  auto watchdog = std::make_unique<Watchdog>(
+      server->get(), absl::StrCat(runtime.DeviceCount(), " devices (", (*backend)->name(), ")"));
 
-  std::thread signal_thread([&stop_signals, &server] {
+  std::thread signal_thread([&stop_signals, &server, &watchdog] {
     int signal_number = 0;
     sigwait(&stop_signals, &signal_number);
     LogInfo(absl::StrCat("received ", strsignal(signal_number),
                          ": cancelling sessions and shutting down"));
     sd_notify(0, "STOPPING=1\nSTATUS=stopping: cancelling sessions");
+    watchdog->Stop();
     (*server)->Shutdown(absl::Seconds(1));
   });
   (*server)->Wait();
   signal_thread.join();
+  watchdog.reset();
   server->reset();
   backend->reset();
   LogInfo("flagosd stopped");

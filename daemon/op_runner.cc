@@ -1004,6 +1004,11 @@ class OpRunnerImpl final : public OpRunner {
     }
   }
 
+  OpRoute RouteOf(uint32_t op_id) override {
+    const RegisteredOp* op = Find(op_id);
+    return op == nullptr ? OpRoute::kNative : op->route;
+  }
+
  private:
   // Ids below this (clients mint them from 1) are found without a lock.
   static constexpr uint32_t kDenseOps = 4096;

@@ -74,6 +74,9 @@ class OpRunner {
   virtual absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call,
                            RangeCheck check, v1::Completion* completion) = 0;
 
+  // The route of registered op `op_id` (kNative for an unknown id).
+  virtual OpRoute RouteOf(uint32_t op_id) = 0;
+
   // Held results (OpCall.hold_results): tensor returns kept here, reported
   // as `held`, until PlaceResult copies one into `place.dst` on `stream`
   // (its bytes released once the device has read them) and forgets it.

@@ -10,8 +10,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "device_activity.h"
 #include "flagos_service.h"
+#include "health_check.h"
 #include "logging.h"
+#include "metrics.h"
+#include "metrics_endpoint.h"
 #include "session_registry.h"
 #include "staging_listener.h"
 
@@ -36,8 +40,26 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->listen_.push_back(*std::move(endpoint));
   }
 
+  const int devices = backend->runtime().DeviceCount();
+  server->activity_ = std::make_unique<DeviceActivity>(devices);
+  if (!options.metrics_listen.empty()) server->metrics_ = std::make_unique<Metrics>(devices);
   server->registry_ = std::make_unique<SessionRegistry>(options.max_sessions);
-  server->service_ = std::make_unique<FlagosService>(backend, server->registry_.get());
+  if (server->metrics_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+        MetricsEndpoint::Start(options.metrics_listen, *backend, *server->registry_,
+                               *server->activity_, *server->metrics_);
+    if (metrics.ok()) {
+      server->metrics_endpoint_ = *std::move(metrics);
+    } else if (options.metrics_listen_required) {
+      return metrics.status();
+    } else {
+      LogWarning(absl::StrCat(metrics.status().message(), "; serving without metrics"));
+      server->metrics_.reset();
+    }
+  }
+  server->service_ = std::make_unique<FlagosService>(backend, server->registry_.get(),
+                                                     server->activity_.get(),
+                                                     server->metrics_.get());
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
     absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(
@@ -80,8 +102,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StartsWith(endpoint.unix_path, "/") ? absl::StrCat("unix://", endpoint.unix_path)
                                                   : endpoint.uri);
   }
+  server->health_ = std::make_unique<HealthCheck>(*backend, server->endpoints_.front(),
+                                                  options.test_wedge_health_probes_after);
   return server;
 }
+
+std::string Server::metrics_url() const {
+  return metrics_endpoint_ == nullptr ? std::string() : metrics_endpoint_->url();
+}
+
+size_t Server::session_count() const { return registry_->Snapshot().size(); }
+
+absl::Status Server::CheckHealth(absl::Duration timeout) { return health_->Check(timeout); }
 
 std::string Server::staging_socket() const {
   return staging_ == nullptr ? std::string() : staging_->path();
@@ -94,6 +126,7 @@ Server::~Server() {
 
 void Server::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
+  if (health_ != nullptr) health_->Release();
   registry_->CancelAll();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }
@@ -102,6 +135,7 @@ void Server::Wait() {
   if (server_ == nullptr || waited_) return;
   server_->Wait();
   waited_ = true;
+  metrics_endpoint_.reset();
   if (staging_ != nullptr) staging_->Stop();
   for (const ListenEndpoint& endpoint : listen_) {
     if (!endpoint.unix_path.empty()) unlink(endpoint.unix_path.c_str());

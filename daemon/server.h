@@ -21,16 +21,33 @@ class Server;
 
 namespace flagos::daemon {
 
+class DeviceActivity;
 class FlagosService;
+class HealthCheck;
+class Metrics;
+class MetricsEndpoint;
 class SessionRegistry;
 class StagingListener;
 
 // The largest gRPC message flagosd sends or accepts.
 inline constexpr int kMaxMessageBytes = 256 << 20;
 
+// The default --metrics-listen.
+inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9400";
+
 struct ServerOptions {
   std::vector<std::string> listen = {kDefaultListen};
   int max_sessions = 256;
+  // Where /metrics is served (host:port); empty: no metrics endpoint, and
+  // the command path counts nothing for it.
+  std::string metrics_listen;
+  // When false (metrics_listen is the default, not asked for), an address
+  // that cannot be listened on is logged and metrics are off; when true,
+  // Start fails.
+  bool metrics_listen_required = true;
+  // Tests only: device health probes started this long after start block
+  // (HealthCheck's wedge_after).
+  absl::Duration test_wedge_health_probes_after = absl::InfiniteDuration();
 };
 
 class Server {
@@ -50,6 +67,15 @@ class Server {
 
   // The endpoints listened on (a TCP port 0 replaced by the chosen port).
   const std::vector<std::string>& endpoints() const { return endpoints_; }
+  // "http://host:port/metrics", or empty when metrics are off.
+  std::string metrics_url() const;
+  // Null when metrics are off.
+  Metrics* metrics() const { return metrics_.get(); }
+  // Live sessions.
+  size_t session_count() const;
+  // HealthCheck::Check: every device queue and the listener answer within
+  // `timeout`.
+  absl::Status CheckHealth(absl::Duration timeout);
 
   // Stops accepting, cancels every session (each frees what it holds) and
   // gives in-flight unary calls `grace` to finish. Idempotent.
@@ -60,11 +86,15 @@ class Server {
  private:
   Server();
 
+  std::unique_ptr<DeviceActivity> activity_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<SessionRegistry> registry_;
   // Next to the first unix endpoint; none when flagosd listens on TCP only.
   std::unique_ptr<StagingListener> staging_;
   std::unique_ptr<FlagosService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  std::unique_ptr<HealthCheck> health_;
   std::vector<ListenEndpoint> listen_;
   std::vector<std::string> endpoints_;
   bool waited_ = false;

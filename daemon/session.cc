@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include <exception>
 #include <string>
@@ -59,13 +60,34 @@ bool SameSecret(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
+// At most `limit` bytes of `text`, cut at a UTF-8 character boundary and
+// marked with "..." when cut, with control characters (which would reach
+// operators' terminals through flagos-smi and the log) made spaces.
+std::string Capped(const std::string& text, size_t limit) {
+  std::string out = text;
+  if (out.size() > limit) {
+    size_t end = limit - 3;
+    while (end > 0 && (static_cast<unsigned char>(out[end]) & 0xC0) == 0x80) --end;
+    out = absl::StrCat(out.substr(0, end), "...");
+  }
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  return out;
+}
+
 }  // namespace
 
-Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply)
+Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
+                 DeviceActivity* activity, Metrics* metrics)
     : id_(id),
       pid_(open.pid()),
-      client_(open.client()),
+      client_(Capped(open.client(), kMaxClientNameBytes)),
+      torch_version_(Capped(open.torch_version(), kMaxTorchVersionBytes)),
+      command_line_(Capped(open.command_line(), kMaxCommandLineBytes)),
       backend_(backend),
+      activity_(activity),
+      metrics_(metrics),
       reply_(std::move(reply)),
       ops_(OpRunner::Create(backend)),
       staging_token_(NewToken()) {}
@@ -90,7 +112,18 @@ v1::SessionInfo Session::Info() const {
     absl::MutexLock lock(&staging_mu_);
     info.set_staging_attached(staging_ != nullptr);
   }
+  info.set_torch_version(torch_version_);
+  info.set_command_line(command_line_);
+  {
+    absl::MutexLock lock(&queues_mu_);
+    info.set_streams(static_cast<uint32_t>(queues_.size()));
+  }
   return info;
+}
+
+uint64_t Session::staging_bytes() const {
+  absl::MutexLock lock(&staging_mu_);
+  return staging_ == nullptr ? 0 : staging_->data_bytes();
 }
 
 absl::Status Session::AttachStaging(const v1::StagingAttach& attach, int fd, int64_t uid) {
@@ -276,7 +309,11 @@ void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
     }
     if (waited) ptr = runtime.Malloc(device, nbytes);
   }
-  if (!ptr.ok()) return ReplyError(seq, "allocate", ptr.status());
+  DeviceMetrics* metrics = metrics_ == nullptr ? nullptr : metrics_->device(device);
+  if (!ptr.ok()) {
+    if (metrics != nullptr && absl::IsResourceExhausted(ptr.status())) metrics->CountOutOfMemory();
+    return ReplyError(seq, "allocate", ptr.status());
+  }
   if (absl::Status s = segments_.Insert(device, *ptr, nbytes); !s.ok()) {
     (void)runtime.Free(device, *ptr);
     return ReplyError(seq, "allocate",
@@ -284,6 +321,7 @@ void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
                                                        "session already holds: ",
                                                        s.message())));
   }
+  if (metrics != nullptr) metrics->CountAllocation(nbytes);
   v1::Completion completion;
   completion.set_seq(seq);
   completion.set_addr(*ptr);
@@ -331,7 +369,8 @@ absl::StatusOr<Session::StreamState*> Session::QueueFor(int device, uint64_t str
     state->backend_stream = *handle;
   }
   state->queue = std::make_unique<StreamQueue>(
-      absl::StrCat("session ", id_, " ", DeviceName(device), " stream ", stream));
+      absl::StrCat("session ", id_, " ", DeviceName(device), " stream ", stream),
+      activity_ == nullptr ? nullptr : activity_->clock(device));
   StreamState* raw = state.get();
   queues_.emplace(std::make_pair(device, stream), std::move(state));
   return raw;
@@ -817,6 +856,11 @@ void Session::ReleaseWhenComplete(int device, StreamHandle backend_stream,
   std::move(*shared)(runtime.SynchronizeStream(device, backend_stream));
 }
 
+void Session::CountCopy(int device, CopyDirection direction, uint64_t nbytes) {
+  if (metrics_ == nullptr) return;
+  if (DeviceMetrics* metrics = metrics_->device(device)) metrics->CountCopy(direction, nbytes);
+}
+
 absl::Status Session::CheckRange(const v1::Command& command, int device, uint64_t addr,
                                  uint64_t nbytes) const {
   if (segments_.Contains(device, addr, nbytes)) return absl::OkStatus();
@@ -847,12 +891,22 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
   switch (command.kind_case()) {
     case v1::Command::kOp: {
       *reply = command.op().want_values();
-      return ops_->Run(
+      DeviceMetrics* metrics = metrics_ == nullptr ? nullptr : metrics_->device(device);
+      const auto start = metrics == nullptr ? std::chrono::steady_clock::time_point()
+                                            : std::chrono::steady_clock::now();
+      absl::Status status = ops_->Run(
           device, backend_stream, command.op(),
           [&](int d, uint64_t addr, uint64_t nbytes) {
             return CheckRange(command, d, addr, nbytes);
           },
           completion);
+      if (metrics != nullptr) {
+        metrics->CountOp(ops_->RouteOf(command.op().op_id()),
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                             .count(),
+                         status.ok());
+      }
+      return status;
     }
     case v1::Command::kPlaceResult:
       return ops_->PlaceResult(device, backend_stream, command.place_result(),
@@ -877,6 +931,7 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
           return s;
         }
         staged_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
+        CountCopy(device, CopyDirection::kHostToDevice, nbytes);
         ReleaseWhenComplete(device, backend_stream,
                             [region = *region, offset](absl::Status) { region->Release(offset); });
         return absl::OkStatus();
@@ -892,6 +947,7 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
           !s.ok()) {
         return s;
       }
+      CountCopy(device, CopyDirection::kHostToDevice, data->size());
       ReleaseWhenComplete(device, backend_stream, [data](absl::Status) {});
       return absl::OkStatus();
     }
@@ -923,6 +979,7 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
           return s;
         }
         staged_bytes_.fetch_add(copy.nbytes(), std::memory_order_relaxed);
+        CountCopy(device, CopyDirection::kDeviceToHost, copy.nbytes());
         // The client reads the chunk when it sees the reply: only once the
         // device has written it.
         *reply = false;
@@ -934,6 +991,7 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
           !s.ok()) {
         return s;
       }
+      CountCopy(device, CopyDirection::kDeviceToHost, copy.nbytes());
       *reply = false;
       return ReplyWhenComplete(device, backend_stream, std::move(*completion), std::move(data));
     }
@@ -946,8 +1004,14 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
           !s.ok()) {
         return s;
       }
-      return runtime.CopyDeviceToDevice(device, backend_stream, copy.dst(), copy.src_device(),
-                                        copy.src(), copy.nbytes());
+      if (absl::Status s = runtime.CopyDeviceToDevice(device, backend_stream, copy.dst(),
+                                                      copy.src_device(), copy.src(),
+                                                      copy.nbytes());
+          !s.ok()) {
+        return s;
+      }
+      CountCopy(device, CopyDirection::kDeviceToDevice, copy.nbytes());
+      return absl::OkStatus();
     }
     case v1::Command::kMemset: {
       const v1::Memset& memset = command.memset();
@@ -1042,6 +1106,7 @@ void Session::SyncLoop() {
 void Session::ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status) {
   LogWarning(absl::StrCat("session ", id_, " (pid ", pid_, "): command ", seq, " (", kind,
                           ") failed: ", CodeName(status.code()), ": ", status.message()));
+  if (metrics_ != nullptr) metrics_->CountCommandError(status.code());
   v1::Completion completion;
   completion.set_seq(seq);
   completion.set_code(static_cast<int>(status.code()));

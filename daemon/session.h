@@ -47,7 +47,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "backend.h"
+#include "device_activity.h"
 #include "flagos/v1/flagos.pb.h"
+#include "metrics.h"
 #include "op_runner.h"
 #include "segment_table.h"
 #include "staging_region.h"
@@ -63,6 +65,11 @@ inline constexpr int kMaxStreamsPerSession = 64;
 inline constexpr uint64_t kMaxQueuedPayloadBytes = 512ull << 20;
 // Events (client-minted ids) one session may have live at once.
 inline constexpr size_t kMaxEventsPerSession = 1u << 18;
+// What the daemon keeps of the client's free text at `open` (longer text is
+// cut, with "..." at the end): its name, its torch version, its command line.
+inline constexpr size_t kMaxClientNameBytes = 256;
+inline constexpr size_t kMaxTorchVersionBytes = 64;
+inline constexpr size_t kMaxCommandLineBytes = 4096;
 
 class Session {
  public:
@@ -73,8 +80,10 @@ class Session {
     uint64_t bytes = 0;     // bytes they held
   };
 
-  // `backend` must outlive the session.
-  Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply);
+  // `backend` must outlive the session, and so must `activity` and
+  // `metrics` (each may be null: no busy time / no metrics counted).
+  Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
+          DeviceActivity* activity = nullptr, Metrics* metrics = nullptr);
   // Close().
   ~Session();
 
@@ -93,6 +102,9 @@ class Session {
   uint64_t id() const { return id_; }
   int64_t pid() const { return pid_; }
   const std::string& client() const { return client_; }
+  const std::string& torch_version() const { return torch_version_; }
+  // Bytes of the attached staging region (0: none).
+  uint64_t staging_bytes() const;
   // Bytes in this session's segments on `device`.
   uint64_t device_bytes(int device) const { return segments_.device_bytes(device); }
   v1::SessionInfo Info() const;
@@ -157,6 +169,8 @@ class Session {
   absl::StatusOr<std::shared_ptr<StagingRegion>> Staging(const v1::Command& command) const;
   // Frees the staging chunk of a staged copy_to_device that will not run.
   void ReleaseStagedUpload(const v1::Command& command);
+  // Counts a copy command's bytes (when metrics are on).
+  void CountCopy(int device, CopyDirection direction, uint64_t nbytes);
   // OK when [addr, addr + nbytes) lies inside one segment of `device`.
   absl::Status CheckRange(const v1::Command& command, int device, uint64_t addr,
                           uint64_t nbytes) const;
@@ -227,7 +241,11 @@ class Session {
   const uint64_t id_;
   const int64_t pid_;
   const std::string client_;
+  const std::string torch_version_;
+  const std::string command_line_;
   const Backend& backend_;
+  DeviceActivity* const activity_;
+  Metrics* const metrics_;
   const ReplyFn reply_;
   const std::unique_ptr<OpRunner> ops_;
 
@@ -262,7 +280,7 @@ class Session {
   // Held shared while a command uses device memory, exclusively to free it.
   mutable absl::Mutex memory_mu_;
 
-  absl::Mutex queues_mu_;
+  mutable absl::Mutex queues_mu_;
   absl::flat_hash_map<std::pair<int, uint64_t>, std::unique_ptr<StreamState>> queues_
       ABSL_GUARDED_BY(queues_mu_);
 

@@ -8,7 +8,8 @@
 
 namespace flagos::daemon {
 
-StreamQueue::StreamQueue(std::string name) : name_(std::move(name)), worker_([this] { Run(); }) {}
+StreamQueue::StreamQueue(std::string name, BusyClock* busy)
+    : name_(std::move(name)), busy_(busy), worker_([this] { Run(); }) {}
 
 StreamQueue::~StreamQueue() { Stop(); }
 
@@ -50,12 +51,25 @@ void StreamQueue::Run() {
   const auto has_work_or_stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !tasks_.empty();
   };
+  // Whether this worker has told busy_ it is running (a burst of tasks).
+  bool bursting = false;
   while (true) {
     Task task;
     {
       absl::MutexLock lock(&mu_);
+      if (bursting && tasks_.empty()) {
+        bursting = false;
+        if (busy_ != nullptr) busy_->End();
+      }
       mu_.Await(absl::Condition(&has_work_or_stopping));
-      if (stopping_) return;
+      if (stopping_) {
+        if (bursting && busy_ != nullptr) busy_->End();
+        return;
+      }
+      if (!bursting) {
+        bursting = true;
+        if (busy_ != nullptr) busy_->Begin();
+      }
       task = std::move(tasks_.front());
       tasks_.pop_front();
       running_task_ = true;

@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
+#include "device_activity.h"
 
 namespace flagos::daemon {
 
@@ -24,7 +25,9 @@ class StreamQueue {
   using Task = absl::AnyInvocable<void() &&>;
 
   // Starts the worker. `name` appears in log lines ("session 3 flagos:0 stream 7").
-  explicit StreamQueue(std::string name);
+  // `busy` (may be null; must outlive the queue) is told when the worker
+  // starts running tasks after being idle and when it runs out of them.
+  explicit StreamQueue(std::string name, BusyClock* busy = nullptr);
   // Stop().
   ~StreamQueue();
 
@@ -50,6 +53,7 @@ class StreamQueue {
   void Run();
 
   const std::string name_;
+  BusyClock* const busy_;
 
   mutable absl::Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);

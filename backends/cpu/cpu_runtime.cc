@@ -284,6 +284,9 @@ void DescribeSlots(CapabilityTable* t) {
   t->Implement(Slot::kHostAddress, "the device address itself (device memory is host memory)");
   t->Implement(Slot::kLaunchHostFunc, "runs the function in the calling thread: the stream's "
                                       "earlier work completed when its calls returned");
+  t->DeclareGap(Slot::kDeviceTelemetry,
+                "the host CPU backend has no device management library to report temperature, "
+                "power or utilisation; flagosd's own metrics cover memory and busy time");
 }
 
 class CpuRuntime final : public DeviceRuntime {
@@ -327,6 +330,10 @@ class CpuRuntime final : public DeviceRuntime {
     absl::StatusOr<CpuDevice*> d = Device(device);
     if (!d.ok()) return d.status();
     return (*d)->GetMemoryInfo();
+  }
+
+  absl::StatusOr<DeviceTelemetry> GetTelemetry(int /*device*/) const override {
+    return SlotGapError(kCpuBackendName, capabilities_, Slot::kDeviceTelemetry);
   }
 
   absl::Status CopyHostToDevice(int device, StreamHandle stream, DevicePtr dst, const void* src,

@@ -46,8 +46,9 @@ struct CurrentDevice {
 thread_local CurrentDevice t_current_device;
 std::atomic<uint64_t> g_next_runtime_id{1};
 
-// What flagosd's memory figures come from (libxpuml when it answers for
-// these devices, else this runtime's own bookkeeping).
+// What flagosd's memory figures and telemetry come from (libxpuml when it
+// answers for these devices, else this runtime's own bookkeeping and no
+// telemetry).
 struct MemorySource {
   const XpumlApi* xpuml = nullptr;   // null: own bookkeeping
   std::vector<void*> xpuml_devices;  // libxpuml's handle per device
@@ -65,10 +66,17 @@ class KunlunxinRuntime final : public DeviceRuntime {
         devices_(std::move(devices)),
         memory_(std::move(memory)),
         host_register_(api_.xpu_host_register != nullptr && api_.xpu_host_unregister != nullptr) {
-    kunlunxin::DescribeKunlunxinSlots(
-        kunlunxin::KunlunxinSlotFacts{host_register_, memory_.xpuml != nullptr, memory_.note,
-                                      memset_chunk_bytes_},
-        &capabilities_);
+    kunlunxin::KunlunxinSlotFacts facts;
+    facts.host_register = host_register_;
+    facts.xpuml_memory = memory_.xpuml != nullptr;
+    facts.memory_note = memory_.note;
+    facts.memset_chunk_bytes = memset_chunk_bytes_;
+    if (memory_.xpuml != nullptr) {
+      facts.xpuml_temperature = memory_.xpuml->xpumlDeviceGetTemperature != nullptr;
+      facts.xpuml_power = memory_.xpuml->xpumlDeviceGetPowerUsage != nullptr;
+      facts.xpuml_utilization = memory_.xpuml->xpumlDeviceGetUtilizationRates != nullptr;
+    }
+    kunlunxin::DescribeKunlunxinSlots(facts, &capabilities_);
   }
 
   ~KunlunxinRuntime() override {
@@ -193,6 +201,47 @@ class KunlunxinRuntime final : public DeviceRuntime {
     const uint64_t held = (*d)->Allocated().first;
     const uint64_t total = (*d)->total();
     return MemoryInfo{total, held < total ? total - held : 0};
+  }
+
+  // Each figure from its own libxpuml call, made with the device's libxpuml
+  // handle (no current device involved); a call the library lacks, or one
+  // that returns non-zero, leaves its figure absent. Nothing of the
+  // runtime's is touched but constant members, so any thread may call it;
+  // libxpuml's queries are taken to be thread-safe as NVML's are (to be
+  // confirmed on a P800).
+  absl::StatusOr<DeviceTelemetry> GetTelemetry(int device) const override {
+    if (memory_.xpuml == nullptr) {
+      return SlotGapError(kKunlunxinBackendName, capabilities_, Slot::kDeviceTelemetry);
+    }
+    if (absl::StatusOr<XpuDevice*> d = Device(device); !d.ok()) return d.status();
+    const XpumlApi& ml = *memory_.xpuml;
+    void* handle = memory_.xpuml_devices[device];
+    DeviceTelemetry telemetry;
+    if (ml.xpumlDeviceGetTemperature != nullptr) {
+      unsigned int celsius = 0;
+      if (ml.xpumlDeviceGetTemperature(handle, kunlunxin::kXpumlTemperatureXpu, &celsius) == 0) {
+        telemetry.temperature_celsius = celsius;
+      }
+    }
+    if (ml.xpumlDeviceGetPowerUsage != nullptr) {
+      unsigned int milliwatts = 0;
+      if (ml.xpumlDeviceGetPowerUsage(handle, &milliwatts) == 0) {
+        telemetry.power_watts = milliwatts / 1000.0;
+      }
+    }
+    if (ml.xpumlDeviceGetUtilizationRates != nullptr) {
+      XpumlUtilization rates{};
+      // A percentage above 100 is not one: left absent rather than clamped.
+      if (ml.xpumlDeviceGetUtilizationRates(handle, &rates) == 0 && rates.xpu <= 100) {
+        telemetry.utilization = rates.xpu / 100.0;
+      }
+    }
+    XpumlMemory memory{};
+    if (ml.xpumlDeviceGetMemoryInfo(handle, &memory) == 0) {
+      telemetry.memory_total_bytes = memory.global_total;
+      telemetry.memory_used_bytes = memory.global_used;
+    }
+    return telemetry;
   }
 
   absl::Status HostRegister(void* ptr, uint64_t nbytes) override {

@@ -1,8 +1,11 @@
 #include "kunlunxin_slots.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace flagos::kunlunxin {
 namespace {
@@ -13,6 +16,47 @@ constexpr char kElapsedTimeGap[] =
 constexpr char kNoPriorities[] =
     "libxpurt has no stream priorities (xpu_stream_create takes none; the P800's export list has "
     "no priority call)";
+
+// device_telemetry: libxpuml's figures, each one only when this libxpuml
+// exports its call.
+void DescribeTelemetry(const KunlunxinSlotFacts& facts, CapabilityTable* t) {
+  if (!facts.xpuml_memory) {
+    t->DeclareGap(Slot::kDeviceTelemetry,
+                  absl::StrCat("the device's temperature, power and utilisation come only from "
+                               "libxpuml, the device management library, which is not used: ",
+                               facts.memory_note,
+                               "; flagosd's own metrics still count the memory it allocated"));
+    return;
+  }
+  struct Figure {
+    bool exported;
+    const char* what;
+    const char* call;
+    const char* unit;
+  };
+  const Figure figures[] = {
+      {facts.xpuml_temperature, "temperature", "xpumlDeviceGetTemperature",
+       "sensor 0: the XPU die, degrees C"},
+      {facts.xpuml_power, "power", "xpumlDeviceGetPowerUsage", "milliwatts"},
+      {facts.xpuml_utilization, "utilisation", "xpumlDeviceGetUtilizationRates",
+       "percent of the last sample period"},
+      {true, "memory total/used", "xpumlDeviceGetMemoryInfo", "global memory, every process"},
+  };
+  std::vector<std::string> provided;
+  std::vector<std::string> absent;
+  for (const Figure& f : figures) {
+    if (f.exported) {
+      provided.push_back(absl::StrCat(f.what, " (", f.call, ", ", f.unit, ")"));
+    } else {
+      absent.push_back(absl::StrCat(f.what, " (this libxpuml does not export ", f.call, ")"));
+    }
+  }
+  std::string note = absl::StrCat("libxpuml: ", absl::StrJoin(provided, ", "));
+  if (!absent.empty()) absl::StrAppend(&note, "; absent: ", absl::StrJoin(absent, ", "));
+  absl::StrAppend(&note,
+                  "; a figure whose call fails (e.g. 3, not supported) is absent, never estimated");
+  t->Implement(Slot::kDeviceTelemetry, std::move(note));
+}
 
 }  // namespace
 
@@ -101,6 +145,7 @@ void DescribeKunlunxinSlots(const KunlunxinSlotFacts& facts, CapabilityTable* t)
   t->Emulate(Slot::kLaunchHostFunc,
              "libxpurt has no host callback: an event recorded on the stream; a thread per "
              "stream waits for it (xpu_event_wait) and runs the functions in issue order");
+  DescribeTelemetry(facts, t);
 }
 
 }  // namespace flagos::kunlunxin

@@ -15,10 +15,15 @@ namespace flagos::kunlunxin {
 struct KunlunxinSlotFacts {
   // libxpurt exports xpu_host_register and xpu_host_unregister.
   bool host_register = false;
-  // Memory figures come from libxpuml; else memory_note says why not.
+  // Memory figures and telemetry come from libxpuml; else memory_note says
+  // why not.
   bool xpuml_memory = false;
   std::string memory_note;
   uint64_t memset_chunk_bytes = 16ull << 20;
+  // Which optional telemetry calls that libxpuml exports (with xpuml_memory).
+  bool xpuml_temperature = false;  // xpumlDeviceGetTemperature
+  bool xpuml_power = false;        // xpumlDeviceGetPowerUsage
+  bool xpuml_utilization = false;  // xpumlDeviceGetUtilizationRates
 };
 
 // Declares every slot of `table`.

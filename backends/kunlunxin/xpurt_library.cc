@@ -241,7 +241,7 @@ absl::StatusOr<std::unique_ptr<XpurtLibrary>> XpurtLibrary::Load(const XpurtSear
         kInstallGuide, ")."));
   }
 
-  // 3. libxpuml, for memory figures; optional.
+  // 3. libxpuml, for memory figures and telemetry; optional.
   std::vector<std::string> xpuml_dirs;
   AddUnique(&xpuml_dirs, DirName(library->path_));
   for (const std::string& dir : sdk_dirs) AddUnique(&xpuml_dirs, dir);
@@ -273,14 +273,22 @@ absl::StatusOr<std::unique_ptr<XpurtLibrary>> XpurtLibrary::Load(const XpurtSear
   } else {
     library->handles_.push_back(xpuml);
     std::vector<std::string> xpuml_missing;
+    std::vector<std::string> xpuml_optional_missing;
     XpumlApi& ml = library->xpuml_;
-#define FLAGOS_XPUML_RESOLVE(name, params) \
+#define FLAGOS_XPUML_RESOLVE_REQUIRED(name, params) \
   if (!Resolve(xpuml, #name, &ml.name)) xpuml_missing.push_back(#name);
-    FLAGOS_XPUML_SYMBOLS(FLAGOS_XPUML_RESOLVE)
-#undef FLAGOS_XPUML_RESOLVE
+#define FLAGOS_XPUML_RESOLVE_OPTIONAL(name, params) \
+  if (!Resolve(xpuml, #name, &ml.name)) xpuml_optional_missing.push_back(#name);
+    FLAGOS_XPUML_SYMBOLS(FLAGOS_XPUML_RESOLVE_REQUIRED, FLAGOS_XPUML_RESOLVE_OPTIONAL)
+#undef FLAGOS_XPUML_RESOLVE_REQUIRED
+#undef FLAGOS_XPUML_RESOLVE_OPTIONAL
     if (xpuml_missing.empty()) {
       library->has_xpuml_ = true;
-      library->xpuml_note_ = absl::StrCat("libxpuml at ", xpuml_path);
+      library->xpuml_note_ = absl::StrCat(
+          "libxpuml at ", xpuml_path,
+          xpuml_optional_missing.empty()
+              ? std::string()
+              : absl::StrCat(" (without ", absl::StrJoin(xpuml_optional_missing, ", "), ")"));
     } else {
       library->xpuml_ = XpumlApi();
       library->xpuml_note_ = absl::StrCat("libxpuml at ", xpuml_path, " lacks ",

@@ -11,7 +11,8 @@
 //      libxpurt.so.* in $XPU_ROOT/so, $XPU_ROOT/lib, $XPU_ROOT/xcudart/lib,
 //      /usr/local/xpu/so, then the loader's own path (dlopen by soname);
 //   3. libxpuml.so.1 / libxpuml.so: libxpurt's directory, the same
-//      directories, then the loader's path (optional);
+//      directories, then the loader's path (optional; its telemetry
+//      functions are optional within it);
 //   4. when $FLAGOS_KUNLUNXIN_XDNN_LIB_DIR is set (colon-separated
 //      directories): libxpu_blas.so, libxpu_dnn.so, libxpu_flash_attention.so
 //      and libxdnn_pytorch.so from there, in that order (all required then).
@@ -41,10 +42,12 @@ struct XpurtApi {
 #undef FLAGOS_XPURT_POINTER
 };
 
-// libxpuml's functions (FLAGOS_XPUML_SYMBOLS): all of them, or no libxpuml.
+// libxpuml's functions (FLAGOS_XPUML_SYMBOLS): every REQUIRED one, or no
+// libxpuml; an OPTIONAL one (the telemetry calls) the library does not
+// export is null.
 struct XpumlApi {
 #define FLAGOS_XPUML_POINTER(name, params) int(*name) params = nullptr;
-  FLAGOS_XPUML_SYMBOLS(FLAGOS_XPUML_POINTER)
+  FLAGOS_XPUML_SYMBOLS(FLAGOS_XPUML_POINTER, FLAGOS_XPUML_POINTER)
 #undef FLAGOS_XPUML_POINTER
 };
 
@@ -76,9 +79,11 @@ class XpurtLibrary {
   // the loader's path).
   const std::string& path() const { return path_; }
 
-  // libxpuml, or null when it is absent (xpuml_note() says why).
+  // libxpuml, or null when it is absent or lacks a REQUIRED function
+  // (xpuml_note() says why).
   const XpumlApi* xpuml() const { return has_xpuml_ ? &xpuml_ : nullptr; }
-  // Where libxpuml came from, or why it was not loaded.
+  // Where libxpuml came from and which OPTIONAL functions it lacks, or why
+  // it was not loaded.
   const std::string& xpuml_note() const { return xpuml_note_; }
 
   // The files loaded before libxpurt (libxpucuda.so, libcudart.so.12), and

@@ -50,14 +50,27 @@
   XPURT_OPTIONAL(xpu_host_unregister, (void* ptr))
 // clang-format on
 
-// libxpuml (NVML-like), loaded when present for memory figures.
-// xpumlDevice_t is an opaque pointer; xpumlMemory_t is XpumlMemory below.
-#define FLAGOS_XPUML_SYMBOLS(XPUML_REQUIRED)                                    \
-  XPUML_REQUIRED(xpumlInit, (void))                                             \
-  XPUML_REQUIRED(xpumlShutdown, (void))                                         \
-  XPUML_REQUIRED(xpumlDeviceGetCount, (unsigned int* count))                    \
-  XPUML_REQUIRED(xpumlDeviceGetHandleByIndex, (unsigned int index, void** dev)) \
-  XPUML_REQUIRED(xpumlDeviceGetMemoryInfo, (void* dev, struct XpumlMemory* memory))
+// libxpuml (NVML-like), loaded when present for memory figures and device
+// telemetry. Every function returns xpumlReturn_t (an enum, int to the
+// ABI): 0 success, 1 uninitialised, 2 invalid argument, 3 not supported.
+// xpumlDevice_t is an opaque pointer; xpumlMemory_t is XpumlMemory and
+// xpumlUtilization_t is XpumlUtilization below; xpumlTemperatureSensors_t
+// is an enum (int).
+//
+// XPUML_REQUIRED(name, params): libxpuml is not used without it.
+// XPUML_OPTIONAL(name, params): used when present (older libxpuml versions
+// lack the telemetry calls; the figure is then absent).
+// clang-format off
+#define FLAGOS_XPUML_SYMBOLS(XPUML_REQUIRED, XPUML_OPTIONAL)                                   \
+  XPUML_REQUIRED(xpumlInit, (void))                                                            \
+  XPUML_REQUIRED(xpumlShutdown, (void))                                                        \
+  XPUML_REQUIRED(xpumlDeviceGetCount, (unsigned int* count))                                   \
+  XPUML_REQUIRED(xpumlDeviceGetHandleByIndex, (unsigned int index, void** dev))                \
+  XPUML_REQUIRED(xpumlDeviceGetMemoryInfo, (void* dev, struct XpumlMemory* memory))            \
+  XPUML_OPTIONAL(xpumlDeviceGetTemperature, (void* dev, int sensor, unsigned int* celsius))    \
+  XPUML_OPTIONAL(xpumlDeviceGetPowerUsage, (void* dev, unsigned int* milliwatts))              \
+  XPUML_OPTIONAL(xpumlDeviceGetUtilizationRates, (void* dev, struct XpumlUtilization* util))
+// clang-format on
 
 namespace flagos::kunlunxin {
 
@@ -70,6 +83,7 @@ inline constexpr int kXpuAttrModel = 4;          // 300..599: KL3 (the P800 gene
 inline constexpr int kXpuAttrMainMemory = 5;     // bytes
 inline constexpr int kXpuMaxDevices = 64;        // MAX_DEVICE_NUM
 inline constexpr int kXpuMaxStreams = 256;       // streams per process
+inline constexpr int kXpumlTemperatureXpu = 0;   // xpumlTemperatureSensors_t: the XPU die, °C
 
 }  // namespace flagos::kunlunxin
 
@@ -85,6 +99,14 @@ struct XpumlMemory {
   unsigned long long l3_free;
   unsigned long long l3_used;
   unsigned long long reserved[8];
+};
+
+// xpumlUtilization_t: percent of the last sample period during which
+// kernels ran (xpu) and device memory was read or written (memory).
+struct XpumlUtilization {
+  unsigned int xpu;
+  unsigned int memory;
+  unsigned long long reserved[15];
 };
 
 #endif  // FLAGOS_BACKENDS_KUNLUNXIN_XPURT_SYMBOLS_H_

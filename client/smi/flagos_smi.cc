@@ -1,27 +1,47 @@
-// flagos-smi: what a flagosd holds — devices, memory, sessions.
+// flagos-smi: what a flagosd holds — devices, memory, utilisation, sessions.
 //
 //   flagos-smi                      # the daemon of FLAGOS_ENDPOINT, else the system one
 //   flagos-smi --endpoint=unix:///tmp/flagosd.sock
+//   flagos-smi -l 2                 # refresh every 2 s, like nvidia-smi -l
 //   flagos-smi --json               # the GetStats reply as JSON (proto field names)
+//   flagos-smi -l 5 --json          # one JSON object per line, every 5 s
+//   flagos-smi --health             # grpc.health.v1 Check: exit 0 when SERVING
 //
 // Asks GetStats without opening a session, so it changes nothing in the
-// daemon. Exit status: 0, or 1 when the daemon cannot be reached.
+// daemon. Exit status: 0; 1 when the daemon cannot be reached (or, with
+// --health, is not serving); 2 for a bad command line.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "flagos/client/connection.h"
 #include "google/protobuf/util/json_util.h"
+#include "stats_table.h"
 
 ABSL_FLAG(std::string, endpoint, "",
           "The daemon: unix:///path or host:port. Default: $FLAGOS_ENDPOINT, else "
           "unix:///run/flagosd/flagosd.sock.");
-ABSL_FLAG(bool, json, false, "Print the daemon's GetStats reply as JSON.");
+ABSL_FLAG(bool, json, false,
+          "Print the daemon's GetStats reply as JSON (one object per line with -l). Fields "
+          "are only ever added, never renamed: safe for scripts.");
+ABSL_FLAG(double, loop, 0,
+          "Refresh every this many seconds until interrupted (also -l SECONDS). Utilisation is "
+          "then measured over each interval.");
+ABSL_FLAG(int, count, 0, "With --loop: stop after this many refreshes (0: never).");
+ABSL_FLAG(bool, health, false,
+          "Ask the daemon's grpc.health.v1 service; print SERVING and exit 0, or the reason "
+          "and exit 1 (for liveness probes).");
 ABSL_FLAG(int, timeout_ms, 2000, "How long to wait for the daemon.");
 
 namespace {
@@ -37,62 +57,108 @@ std::string Endpoint() {
   return kSystemEndpoint;
 }
 
-std::string Bytes(uint64_t n) {
-  if (n >= (1ull << 30)) return absl::StrFormat("%.2f GiB", n / double(1ull << 30));
-  if (n >= (1ull << 20)) return absl::StrFormat("%.1f MiB", n / double(1ull << 20));
-  if (n >= (1ull << 10)) return absl::StrFormat("%.1f KiB", n / double(1ull << 10));
-  return absl::StrFormat("%d B", n);
+std::optional<std::string> Json(const flagos::v1::GetStatsResponse& stats) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(stats, &json, options).ok()) return std::nullopt;
+  return json;
 }
 
-void PrintTable(const std::string& endpoint, const flagos::v1::GetStatsResponse& stats) {
-  std::printf("flagosd at %s — backend %s, %d device(s), %d session(s) now, %llu since start\n\n",
-              endpoint.c_str(), stats.backend().c_str(), stats.devices_size(),
-              stats.sessions_size(), static_cast<unsigned long long>(stats.sessions_total()));
-  std::printf("%-8s %-28s %12s %12s %6s\n", "DEVICE", "NAME", "USED", "TOTAL", "USE%");
-  for (const auto& d : stats.devices()) {
-    double percent = d.total_memory() == 0 ? 0.0 : 100.0 * d.used_memory() / d.total_memory();
-    std::printf("%-8s %-28s %12s %12s %5.1f%%\n", absl::StrFormat("flagos:%d", d.index()).c_str(),
-                d.name().c_str(), Bytes(d.used_memory()).c_str(), Bytes(d.total_memory()).c_str(),
-                percent);
+// nvidia-smi's "-l SECONDS": rewritten to --loop=SECONDS for absl.
+std::vector<std::string> RewriteShortLoop(int argc, char** argv, bool* bad) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (i > 0 && (arg == "-l" || arg == "--l")) {
+      double seconds = 0;
+      if (i + 1 >= argc || !absl::SimpleAtod(argv[i + 1], &seconds) || seconds <= 0) {
+        *bad = true;
+        return args;
+      }
+      args.push_back(absl::StrCat("--loop=", argv[++i]));
+      continue;
+    }
+    args.push_back(std::move(arg));
   }
-  std::printf("\n%-8s %-8s %-6s %-20s %9s %12s %12s %8s %12s\n", "SESSION", "PID", "UID",
-              "CLIENT", "SEGMENTS", "MEMORY", "COMMANDS", "STAGING", "STAGED");
-  if (stats.sessions().empty()) std::printf("(none)\n");
-  for (const auto& s : stats.sessions()) {
-    std::printf("%-8llu %-8lld %-6u %-20s %9llu %12s %12llu %8s %12s\n",
-                static_cast<unsigned long long>(s.id()), static_cast<long long>(s.pid()), s.uid(),
-                s.client().c_str(), static_cast<unsigned long long>(s.segments()),
-                Bytes(s.segment_bytes()).c_str(), static_cast<unsigned long long>(s.commands()),
-                s.staging_attached() ? "shm" : "inline", Bytes(s.staged_bytes()).c_str());
+  return args;
+}
+
+int Health(const std::string& endpoint, absl::Duration timeout) {
+  absl::Status health = flagos::client::QueryHealth(endpoint, timeout);
+  if (!health.ok()) {
+    std::fprintf(stderr, "flagos-smi: %s\n", std::string(health.message()).c_str());
+    return 1;
   }
+  std::printf("SERVING\n");
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Shows the devices, memory and sessions of a flagosd.\n"
-      "Usage: flagos-smi [--endpoint=unix:///path|host:port] [--json]");
-  absl::ParseCommandLine(argc, argv);
+      "Shows the devices, memory, utilisation and sessions of a flagosd.\n"
+      "Usage: flagos-smi [--endpoint=unix:///path|host:port] [-l SECONDS [--count=N]] [--json]\n"
+      "       flagos-smi --health");
+  bool bad = false;
+  std::vector<std::string> rewritten = RewriteShortLoop(argc, argv, &bad);
+  if (bad) {
+    std::fprintf(stderr, "flagos-smi: -l needs a number of seconds > 0, e.g. -l 2\n");
+    return 2;
+  }
+  std::vector<char*> args;
+  for (std::string& arg : rewritten) args.push_back(arg.data());
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   const std::string endpoint = Endpoint();
-  auto stats = flagos::client::QueryStats(endpoint,
-                                          absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
-  if (!stats.ok()) {
-    std::fprintf(stderr, "flagos-smi: %s\n", std::string(stats.status().message()).c_str());
-    return 1;
+  const absl::Duration timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  if (absl::GetFlag(FLAGS_health)) return Health(endpoint, timeout);
+
+  const double loop = absl::GetFlag(FLAGS_loop);
+  if (loop < 0) {
+    std::fprintf(stderr, "flagos-smi: --loop must be >= 0 seconds\n");
+    return 2;
   }
-  if (absl::GetFlag(FLAGS_json)) {
-    google::protobuf::util::JsonPrintOptions options;
-    options.preserve_proto_field_names = true;
-    options.always_print_primitive_fields = true;
-    std::string json;
-    if (!google::protobuf::util::MessageToJsonString(*stats, &json, options).ok()) {
-      std::fprintf(stderr, "flagos-smi: cannot format the reply as JSON\n");
-      return 1;
+  const bool json = absl::GetFlag(FLAGS_json);
+  const bool clear = loop > 0 && !json && isatty(STDOUT_FILENO);
+  const int count = absl::GetFlag(FLAGS_count);
+  std::optional<flagos::v1::GetStatsResponse> previous;
+  absl::Time previous_at;
+  int rc = 0;
+  for (int refresh = 1;; ++refresh) {
+    const absl::Time started = absl::Now();
+    auto stats = flagos::client::QueryStats(endpoint, timeout);
+    if (!stats.ok()) {
+      std::fprintf(stderr, "flagos-smi: %s\n", std::string(stats.status().message()).c_str());
+      rc = 1;
+      previous.reset();
+      if (loop == 0) return rc;
+    } else if (json) {
+      std::optional<std::string> text = Json(*stats);
+      if (!text) {
+        std::fprintf(stderr, "flagos-smi: cannot format the reply as JSON\n");
+        return 1;
+      }
+      std::printf("%s\n", text->c_str());
+      rc = 0;
+    } else {
+      if (clear) std::printf("\033[H\033[2J");
+      if (loop > 0) {
+        std::printf("%s\n", absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(),
+                                              absl::LocalTimeZone())
+                                .c_str());
+      }
+      const double since = previous ? absl::ToDoubleSeconds(started - previous_at) : 0;
+      const std::string table = flagos::smi::FormatStats(
+          endpoint, *stats, previous ? &*previous : nullptr, since, clear ? 160 : 0);
+      std::fwrite(table.data(), 1, table.size(), stdout);
+      previous = *stats;
+      previous_at = started;
+      rc = 0;
     }
-    std::printf("%s\n", json.c_str());
-    return 0;
+    std::fflush(stdout);
+    if (loop == 0 || (count > 0 && refresh >= count)) return rc;
+    absl::SleepFor(started + absl::Seconds(loop) - absl::Now());
   }
-  PrintTable(endpoint, *stats);
-  return 0;
 }

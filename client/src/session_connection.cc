@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -27,6 +28,22 @@ constexpr int kIdleFlushTicks = 20;
 void LogOnce(const std::string& message) {
   static std::atomic<bool> logged{false};
   if (!logged.exchange(true)) fprintf(stderr, "%s\n", message.c_str());
+}
+
+// This process's command line, arguments joined by spaces (for operators:
+// flagos-smi shows it); empty when /proc cannot tell. Bounded: the daemon
+// keeps 4 KiB of it.
+std::string OwnCommandLine() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string line;
+  char c;
+  // Arguments are NUL-separated; control characters (a newline inside a
+  // `python -c` program) become spaces too, so the line stays one line.
+  while (line.size() < 8192 && in.get(c)) {
+    line.push_back(static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? ' ' : c);
+  }
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  return line;
 }
 
 v1::Command SyncMarker(int device) {
@@ -58,6 +75,8 @@ absl::Status SessionConnection::OpenSession(const std::string& client_name, absl
   request->set_version(info_.version());
   request->set_pid(getpid());
   request->set_client(client_name);
+  request->set_torch_version(options_.torch_version);
+  request->set_command_line(OwnCommandLine());
   reader_ = std::thread(&SessionConnection::ReadLoop, this, std::move(open));
 
   absl::MutexLock lock(&mu_);

@@ -1,6 +1,7 @@
 #include "runtime.h"
 
 #include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
 
 #include <array>
 #include <atomic>
@@ -75,7 +76,10 @@ flagos::client::Connection& Session() {
     TORCH_CHECK(s.resolver, "flagos: import torch_fl before using the flagos device");
     s.endpoint = s.resolver();
   }
-  auto connection = flagos::client::Connection::Open(s.endpoint, kConnectTimeout, "torch_fl");
+  flagos::client::ConnectionOptions options;
+  options.torch_version = TORCH_VERSION;  // the torch this plugin is built against
+  auto connection =
+      flagos::client::Connection::Open(s.endpoint, kConnectTimeout, "torch_fl", options);
   if (!connection.ok()) {
     s.endpoint.clear();  // resolve again next time (a private daemon may be restarted)
     TORCH_CHECK(false, std::string(connection.status().message()));

@@ -99,7 +99,8 @@ def _start_private_daemon() -> str:
             p for p in (torch_lib, env.get("LD_LIBRARY_PATH", "")) if p
         )
         proc = subprocess.Popen(
-            [binary, f"--listen={endpoint}", f"--backend={backend}"],
+            # A private daemon serves no /metrics (the node's may use the port).
+            [binary, f"--listen={endpoint}", f"--backend={backend}", "--metrics-listen="],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,

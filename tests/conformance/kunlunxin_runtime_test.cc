@@ -27,6 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "kunlunxin_runtime.h"
+#include "xpurt_symbols.h"
 
 namespace flagos {
 namespace {
@@ -92,6 +93,10 @@ void UseFake(const std::string& delay_us = "200", const std::string& fail = "",
     setenv("FAKE_XPU_FAIL", fail.c_str(), 1);
   }
   unsetenv("FAKE_XPU_LIE");
+  unsetenv("FAKE_XPUML_TEMPERATURE");
+  unsetenv("FAKE_XPUML_POWER_MW");
+  unsetenv("FAKE_XPUML_UTILIZATION");
+  unsetenv("FAKE_XPUML_NO_TELEMETRY");
 }
 
 std::unique_ptr<DeviceRuntime> MustCreate(Failures& f, const KunlunxinRuntimeParams& params = {}) {
@@ -220,7 +225,7 @@ TEST(KunlunxinDeviceTest, TheSlotTableDeclaresEverySlot) {
     std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
     if (runtime == nullptr) return;
     const CapabilityTable& table = runtime->capabilities();
-    f.Expect(kSlotCount == 33, "33 slots");
+    f.Expect(kSlotCount == 34, "34 slots");
     for (int i = 0; i < kSlotCount; ++i) {
       const Slot slot = static_cast<Slot>(i);
       f.Expect(table.Declared(slot), absl::StrCat(SlotName(slot), " is not declared"));
@@ -233,6 +238,8 @@ TEST(KunlunxinDeviceTest, TheSlotTableDeclaresEverySlot) {
     f.Expect(table.status(Slot::kHostAddress) == SlotStatus::kGap, "host address is a gap");
     f.Expect(table.status(Slot::kHostRegister) == SlotStatus::kImplemented,
              "host register is implemented (the fake exports it)");
+    f.Expect(table.status(Slot::kDeviceTelemetry) == SlotStatus::kImplemented,
+             "device telemetry is implemented (the fake libxpuml has the calls)");
   });
 }
 
@@ -668,6 +675,219 @@ TEST(KunlunxinHostFuncTest, DestroyingTheRuntimeLeavesTheDeviceClean) {
     f.Expect(streams() == 0, absl::StrCat(streams(), " streams left"));
     f.Expect(events() == 0, absl::StrCat(events(), " events left"));
     f.Expect(used(0) == 0 && used(1) == 0, "device memory left allocated");
+  });
+}
+
+// ---------------------------------------------------------------- telemetry
+
+// FLAGOS_KUNLUNXIN_XPURT names a link to the fake libxpurt in a folder of its
+// own, with `xpuml` linked beside it as libxpuml.so.1 (none when empty), so
+// that the libxpuml found is that one or none at all.
+void UseFakeXpurtBeside(Failures& f, const std::string& xpuml) {
+  const std::string dir = TempDir();
+  const std::string xpurt = dir + "/libxpurt.so.2";
+  f.Expect(symlink(kFakeXpurt, xpurt.c_str()) == 0, "link the fake libxpurt");
+  if (!xpuml.empty()) {
+    f.Expect(symlink(xpuml.c_str(), (dir + "/libxpuml.so.1").c_str()) == 0, "link libxpuml");
+  }
+  setenv("FLAGOS_KUNLUNXIN_XPURT", xpurt.c_str(), 1);
+}
+
+// What the fake libxpuml the runtime loaded says of `device`'s memory.
+bool XpumlMemoryOf(Failures& f, int device, XpumlMemory* memory) {
+  void* xpuml = dlopen(kFakeXpuml, RTLD_NOW | RTLD_NOLOAD);
+  if (!f.Expect(xpuml != nullptr, "the runtime loaded the fake libxpuml")) return false;
+  auto handle_by_index =
+      reinterpret_cast<int (*)(unsigned int, void**)>(dlsym(xpuml, "xpumlDeviceGetHandleByIndex"));
+  auto memory_info =
+      reinterpret_cast<int (*)(void*, XpumlMemory*)>(dlsym(xpuml, "xpumlDeviceGetMemoryInfo"));
+  void* handle = nullptr;
+  return f.Expect(handle_by_index != nullptr && memory_info != nullptr, "libxpuml's functions") &&
+         f.Expect(handle_by_index(device, &handle) == 0, "xpumlDeviceGetHandleByIndex") &&
+         f.Expect(memory_info(handle, memory) == 0, "xpumlDeviceGetMemoryInfo");
+}
+
+TEST(KunlunxinTelemetryTest, ReportsLibxpumlsFiguresAtTheFakesDefaults) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake();
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    const CapabilityTable& table = runtime->capabilities();
+    f.Expect(table.status(Slot::kDeviceTelemetry) == SlotStatus::kImplemented,
+             table.Note(Slot::kDeviceTelemetry));
+    for (absl::string_view call : {"xpumlDeviceGetTemperature", "xpumlDeviceGetPowerUsage",
+                                   "xpumlDeviceGetUtilizationRates", "xpumlDeviceGetMemoryInfo"}) {
+      f.Expect(absl::StrContains(table.Note(Slot::kDeviceTelemetry), call),
+               absl::StrCat("the note names ", call, ": ", table.Note(Slot::kDeviceTelemetry)));
+    }
+    absl::StatusOr<DevicePtr> ptr = runtime->Malloc(1, 1 << 20);
+    if (!f.ExpectOk(ptr.status(), "Malloc")) return;
+    absl::StatusOr<DeviceTelemetry> t = runtime->GetTelemetry(1);
+    XpumlMemory memory{};
+    if (f.ExpectOk(t.status(), "GetTelemetry") && XpumlMemoryOf(f, 1, &memory)) {
+      f.Expect(t->temperature_celsius == 45.0, "temperature 45 degrees C");
+      f.Expect(t->power_watts == 150.0, "power 150 W (150000 mW)");
+      f.Expect(t->utilization == 0.0, "utilisation present and 0");
+      f.Expect(t->memory_total_bytes == memory.global_total && memory.global_total == kFakeMemory,
+               absl::StrCat("memory total ", t->memory_total_bytes.value_or(0)));
+      f.Expect(t->memory_used_bytes == memory.global_used && memory.global_used >= (1u << 20),
+               absl::StrCat("memory used ", t->memory_used_bytes.value_or(0), ", libxpuml says ",
+                            memory.global_used));
+    }
+    f.ExpectOk(runtime->Free(1, *ptr), "Free");
+  });
+}
+
+TEST(KunlunxinTelemetryTest, ReportsTheFiguresTheLibrarySets) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake();
+    setenv("FAKE_XPUML_TEMPERATURE", "71", 1);
+    setenv("FAKE_XPUML_POWER_MW", "212500", 1);
+    setenv("FAKE_XPUML_UTILIZATION", "37", 1);
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    absl::StatusOr<DeviceTelemetry> t = runtime->GetTelemetry(0);
+    if (!f.ExpectOk(t.status(), "GetTelemetry")) return;
+    f.Expect(t->temperature_celsius == 71.0, "temperature 71 degrees C");
+    f.Expect(t->power_watts == 212.5, "power 212.5 W (212500 mW)");
+    f.Expect(t->utilization == 0.37, "utilisation 37% as the fraction 0.37");
+  });
+}
+
+TEST(KunlunxinTelemetryTest, FiguresTheDeviceDoesNotReportAreAbsentAndMemoryStays) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake();
+    setenv("FAKE_XPUML_NO_TELEMETRY", "1", 1);  // the three calls return 3 (not supported)
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    f.Expect(runtime->capabilities().status(Slot::kDeviceTelemetry) == SlotStatus::kImplemented,
+             "the calls exist: the slot is implemented");
+    absl::StatusOr<DeviceTelemetry> t = runtime->GetTelemetry(0);
+    XpumlMemory memory{};
+    if (!f.ExpectOk(t.status(), "GetTelemetry") || !XpumlMemoryOf(f, 0, &memory)) return;
+    f.Expect(!t->temperature_celsius.has_value(), "temperature absent");
+    f.Expect(!t->power_watts.has_value(), "power absent");
+    f.Expect(!t->utilization.has_value(), "utilisation absent");
+    f.Expect(t->memory_total_bytes == memory.global_total, "memory total present");
+    f.Expect(t->memory_used_bytes == memory.global_used, "memory used present");
+  });
+}
+
+TEST(KunlunxinTelemetryTest, AnOlderLibxpumlWithoutTheCallsStillLoads) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake();
+    UseFakeXpurtBeside(f, FLAGOS_FAKE_OLD_XPUML);
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    const CapabilityTable& table = runtime->capabilities();
+    f.Expect(absl::StrContains(table.Note(Slot::kMemoryInfo), "xpumlDeviceGetMemoryInfo"),
+             absl::StrCat("memory info still from libxpuml: ", table.Note(Slot::kMemoryInfo)));
+    f.Expect(table.status(Slot::kDeviceTelemetry) == SlotStatus::kImplemented,
+             "telemetry implemented (memory figures)");
+    for (absl::string_view call : {"does not export xpumlDeviceGetTemperature",
+                                   "does not export xpumlDeviceGetPowerUsage",
+                                   "does not export xpumlDeviceGetUtilizationRates"}) {
+      f.Expect(absl::StrContains(table.Note(Slot::kDeviceTelemetry), call),
+               absl::StrCat("the note says it ", call, ": ", table.Note(Slot::kDeviceTelemetry)));
+    }
+    absl::StatusOr<DeviceTelemetry> t = runtime->GetTelemetry(1);
+    if (!f.ExpectOk(t.status(), "GetTelemetry")) return;
+    f.Expect(!t->temperature_celsius && !t->power_watts && !t->utilization,
+             "temperature, power and utilisation absent");
+    f.Expect(t->memory_total_bytes == kFakeMemory, "memory total present");
+    f.Expect(t->memory_used_bytes.has_value(), "memory used present");
+  });
+}
+
+TEST(KunlunxinTelemetryTest, WithoutLibxpumlTheSlotIsAGapSayingWhy) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake();
+    UseFakeXpurtBeside(f, "");
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    const CapabilityTable& table = runtime->capabilities();
+    f.Expect(table.status(Slot::kDeviceTelemetry) == SlotStatus::kGap, "telemetry is a gap");
+    f.Expect(absl::StrContains(table.GapReason(Slot::kDeviceTelemetry), "libxpuml not found"),
+             table.GapReason(Slot::kDeviceTelemetry));
+    f.ExpectError(runtime->GetTelemetry(0).status(), absl::StatusCode::kUnimplemented,
+                  {"kunlunxin backend", "device_telemetry", "is not supported", "libxpuml"});
+  });
+}
+
+TEST(KunlunxinTelemetryTest, IsAGapWhenXpuVisibleDevicesIsSet) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake();
+    setenv("XPU_VISIBLE_DEVICES", "0,1", 1);  // libxpuml's indices are then not trusted
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    f.ExpectError(runtime->GetTelemetry(0).status(), absl::StatusCode::kUnimplemented,
+                  {"device_telemetry", "XPU_VISIBLE_DEVICES"});
+  });
+}
+
+TEST(KunlunxinTelemetryTest, ADeviceOutOfRangeIsInvalid) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake();
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    f.ExpectError(runtime->GetTelemetry(2).status(), absl::StatusCode::kInvalidArgument,
+                  {"device 2 does not exist"});
+    f.ExpectError(runtime->GetTelemetry(-1).status(), absl::StatusCode::kInvalidArgument,
+                  {"device -1 does not exist"});
+  });
+}
+
+TEST(KunlunxinTelemetryTest, AScrapeThreadReadsWhileOtherThreadsWork) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake("500");
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    std::atomic<bool> stop{false};
+    std::atomic<bool> scraper_done{false};
+    std::atomic<int> scrapes{0};
+    absl::Mutex mu;
+    Failures shared;  // guarded by mu
+    std::thread scraper([&] {
+      Failures local;
+      while (!stop.load()) {
+        for (int d = 0; d < 2; ++d) {
+          absl::StatusOr<DeviceTelemetry> t = runtime->GetTelemetry(d);
+          if (!local.ExpectOk(t.status(), "GetTelemetry")) break;
+          local.Expect(t->temperature_celsius == 45.0 && t->power_watts == 150.0 &&
+                           t->memory_total_bytes == kFakeMemory &&
+                           t->memory_used_bytes <= t->memory_total_bytes,
+                       "figures while the device works");
+        }
+        scrapes.fetch_add(1);
+        if (!local.text().empty()) break;
+      }
+      absl::MutexLock lock(&mu);
+      shared.Expect(local.text().empty(), absl::StrCat("scraper:\n", local.text()));
+      scraper_done.store(true);
+    });
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 4; ++w) {
+      workers.emplace_back([&, w] {
+        Failures local;
+        const int device = w % 2;
+        for (int round = 0; round < 8; ++round) {
+          absl::StatusOr<DevicePtr> ptr = runtime->Malloc(device, 256 << 10);
+          if (!local.ExpectOk(ptr.status(), "Malloc")) break;
+          const std::vector<uint8_t> in = Pattern(256 << 10, static_cast<uint8_t>(w + round));
+          local.ExpectOk(runtime->CopyHostToDevice(device, 0, *ptr, in.data(), in.size()), "copy");
+          local.ExpectOk(runtime->SynchronizeStream(device, 0), "sync");
+          local.ExpectOk(runtime->Free(device, *ptr), "Free");
+        }
+        absl::MutexLock lock(&mu);
+        shared.Expect(local.text().empty(), absl::StrCat("worker ", w, ":\n", local.text()));
+      });
+    }
+    for (std::thread& worker : workers) worker.join();
+    while (scrapes.load() < 10 && !scraper_done.load()) std::this_thread::yield();
+    stop.store(true);
+    scraper.join();
+    absl::MutexLock lock(&mu);
+    f.Expect(shared.text().empty(), shared.text());
   });
 }
 

@@ -97,6 +97,7 @@ TEST_P(RuntimeConformanceTest, GapsReturnUnimplementedNamingSlotAndBackend) {
       {Slot::kMemoryInfo, [&] { return r.GetMemoryInfo(0).status(); }},
       {Slot::kHostRegister, [&] { return r.HostRegister(buffer, sizeof(buffer)); }},
       {Slot::kEventElapsedTime, [&] { return r.ElapsedTime(0, 1, 2).status(); }},
+      {Slot::kDeviceTelemetry, [&] { return r.GetTelemetry(0).status(); }},
   };
   for (const auto& [slot, call] : calls) {
     if (Has(slot)) continue;
@@ -127,6 +128,24 @@ TEST_P(RuntimeConformanceTest, DevicesOutOfRangeAreInvalidArguments) {
   EXPECT_EQ(runtime_->Malloc(-1, 64).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(runtime_->Malloc(count, 64).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(runtime_->SynchronizeDevice(count).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(RuntimeConformanceTest, TelemetryFiguresArePlausibleWhenReported) {
+  if (!Has(Slot::kDeviceTelemetry)) GTEST_SKIP() << "a declared gap of " << runtime_->name();
+  for (int d = 0; d < runtime_->DeviceCount(); ++d) {
+    absl::StatusOr<DeviceTelemetry> t = runtime_->GetTelemetry(d);
+    ASSERT_TRUE(t.ok()) << t.status();
+    if (t->utilization) {
+      EXPECT_GE(*t->utilization, 0.0);
+      EXPECT_LE(*t->utilization, 1.0);
+    }
+    if (t->power_watts) EXPECT_GE(*t->power_watts, 0.0);
+    if (t->memory_total_bytes && t->memory_used_bytes) {
+      EXPECT_LE(*t->memory_used_bytes, *t->memory_total_bytes);
+    }
+  }
+  EXPECT_EQ(runtime_->GetTelemetry(runtime_->DeviceCount()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------- memory

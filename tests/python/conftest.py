@@ -15,6 +15,7 @@ running), `start_daemon` (an extra private daemon, stopped after the test).
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -69,6 +70,9 @@ class Daemon:
             f"--backend={self.backend}",
             f"--cpu-devices={cpu_devices}",
             f"--device-memory={device_memory}",
+            # No /metrics unless a test asks (--metrics-listen=127.0.0.1:0).
+            *([] if any(a.startswith("--metrics-listen") for a in extra_args)
+              else ["--metrics-listen="]),
             *extra_args,
         ]
         # The kunlunxin backend's devices are the fake runtime's: the same
@@ -89,6 +93,12 @@ class Daemon:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def metrics_url(self) -> str:
+        """The daemon's /metrics URL, from its ready line ("metrics on http://...")."""
+        match = re.search(r"metrics on (http://\S+/metrics)", self.log())
+        assert match, f"flagosd serves no metrics (start it with --metrics-listen=...):\n{self.log()}"
+        return match.group(1)
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Starts the daemon and waits until it says "listening on" (or its socket exists)."""

@@ -66,34 +66,3 @@ def test_client_exits_after_its_daemon_stopped(start_daemon, spawn_python, read_
         client.wait(timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail("a client whose daemon stopped did not exit within 30 s")
-
-
-def test_daemon_tells_systemd_it_is_ready_and_stopping(flagosd_binary: Path, tmp_path: Path) -> None:
-    # What systemd's Type=notify sees: a datagram socket named by NOTIFY_SOCKET.
-    import os
-    import signal
-    import socket
-
-    notify_path = tmp_path / "notify.sock"
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(notify_path))
-    notify.settimeout(20)
-    env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
-    proc = subprocess.Popen(
-        [str(flagosd_binary), f"--listen=unix://{tmp_path}/d.sock", "--cpu-devices=1"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        ready = notify.recv(4096).decode()
-        assert "READY=1" in ready and "listening on" in ready, ready
-        proc.send_signal(signal.SIGTERM)
-        stopping = notify.recv(4096).decode()
-        assert "STOPPING=1" in stopping, stopping
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        notify.close()

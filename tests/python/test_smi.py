@@ -37,6 +37,17 @@ def test_json_lists_this_process_and_its_memory(endpoint: str) -> None:
     assert len(mine) == 1
     assert int(mine[0]["segment_bytes"]) >= x.nbytes
     assert int(report["devices"][0]["used_memory"]) >= x.nbytes
+    # What an operator needs to tell sessions apart.
+    assert mine[0]["torch_version"] == torch.__version__.split("+")[0]
+    assert mine[0]["client"] == "torch_fl"
+    assert int(mine[0]["streams"]) >= 1
+    assert "python" in mine[0]["command_line"] and "pytest" in mine[0]["command_line"]
+    assert report["daemon_version"] == "0.1.0"
+    assert report["torch_version"] == torch.__version__.split("+")[0]
+    assert float(report["start_time_unix"]) > 1.7e9
+    for device in report["devices"]:
+        assert 0.0 <= float(device["utilization"]) <= 1.0
+        assert float(device["busy_seconds"]) >= 0.0
 
 
 def test_table_names_every_device(endpoint: str) -> None:
@@ -45,6 +56,48 @@ def test_table_names_every_device(endpoint: str) -> None:
     for i in range(torch.flagos.device_count()):
         assert f"flagos:{i}" in out.stdout
     assert "SESSION" in out.stdout
+    header = next(line for line in out.stdout.splitlines() if line.startswith("SESSION"))
+    for column in ("PID", "UID", "TORCH", "STREAMS", "MEMORY", "CLIENT / COMMAND"):
+        assert column in header
+    assert "UTIL%" in out.stdout
+
+
+def test_busy_device_shows_utilisation(endpoint: str) -> None:
+    x = torch.randn(512, 512, device="flagos")
+    before = json.loads(smi("--json", endpoint=endpoint).stdout)["devices"][0]
+    for _ in range(40):
+        x = (x @ x).tanh_()
+    torch.flagos.synchronize()
+    after = json.loads(smi("--json", endpoint=endpoint).stdout)["devices"][0]
+    assert float(after["busy_seconds"]) > float(before["busy_seconds"])
+
+
+def test_loop_refreshes_and_stops_after_count(endpoint: str) -> None:
+    out = smi("-l", "0.2", "--count=3", endpoint=endpoint)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("DEVICE ") == 3
+    lines = smi("--json", "-l", "0.2", "--count=2", endpoint=endpoint)
+    assert lines.returncode == 0, lines.stderr
+    reports = [json.loads(line) for line in lines.stdout.splitlines()]
+    assert len(reports) == 2 and all("devices" in r for r in reports)
+
+
+def test_loop_needs_seconds() -> None:
+    out = smi("-l", "soon")
+    assert out.returncode == 2
+    assert "-l needs a number of seconds" in out.stderr
+
+
+def test_health_is_serving(endpoint: str) -> None:
+    out = smi("--health", endpoint=endpoint)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "SERVING\n"
+
+
+def test_health_of_an_unreachable_daemon_is_exit_1() -> None:
+    out = smi("--health", endpoint="unix:///nonexistent/flagosd.sock")
+    assert out.returncode == 1
+    assert "unix:///nonexistent/flagosd.sock is not reachable" in out.stderr
 
 
 def test_endpoint_flag_overrides_the_environment(endpoint: str) -> None:

@@ -207,7 +207,8 @@ TEST(CpuRuntimeTest, CapabilityTableDeclaresEachGapWithItsReason) {
   const std::vector<Slot> gaps = {
       Slot::kGetDevice,        Slot::kSetDevice,          Slot::kDeviceGetStreamPriorityRange,
       Slot::kMallocHost,       Slot::kFreeHost,           Slot::kPointerGetAttributes,
-      Slot::kStreamCreateWithPriority, Slot::kStreamGetPriority, Slot::kHostRegister};
+      Slot::kStreamCreateWithPriority, Slot::kStreamGetPriority, Slot::kHostRegister,
+      Slot::kDeviceTelemetry};
   for (Slot gap : gaps) {
     EXPECT_FALSE(table.Has(gap)) << SlotName(gap);
     EXPECT_FALSE(table.GapReason(gap).empty()) << SlotName(gap);
@@ -242,6 +243,16 @@ TEST(CpuRuntimeTest, HostRegisterIsAGap) {
   const absl::Status status = runtime->HostRegister(buffer, sizeof(buffer));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_TRUE(absl::StrContains(status.message(), "host_register")) << status;
+}
+
+TEST(CpuRuntimeTest, TelemetryIsAGapSayingWhy) {
+  auto runtime = MakeRuntime();
+  EXPECT_EQ(runtime->capabilities().status(Slot::kDeviceTelemetry), SlotStatus::kGap);
+  const absl::Status status = runtime->GetTelemetry(0).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(absl::StrContains(status.message(), "cpu backend: device_telemetry is not supported"))
+      << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "no device management library")) << status;
 }
 
 TEST(CpuRuntimeTest, HostFuncRunsInTheCallingThreadAfterEarlierWork) {

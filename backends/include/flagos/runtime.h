@@ -1,8 +1,8 @@
 // The device runtime contract every flagosd backend implements.
 //
 // It covers the seeds' 28-slot runtime contract (device 5, memory 9, stream 7,
-// event 7) plus five slots flagosd adds (device properties, memory info,
-// host register, host address, host callback), as a C++ interface with an
+// event 7) plus six slots flagosd adds (device properties, memory info,
+// host register, host address, host callback, device telemetry), as a C++ interface with an
 // explicit device argument on every call: the daemon serves many sessions
 // from many threads, so no thread-local "current device" exists here (a
 // backend whose vendor runtime has one sets it itself before every call).
@@ -49,6 +49,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,17 @@ struct MemoryInfo {
   uint64_t free_bytes = 0;
 };
 
+// What a device's management library reports about it (on the P800,
+// libxpuml). Each figure is absent when the library does not report it:
+// never estimated.
+struct DeviceTelemetry {
+  std::optional<double> temperature_celsius;
+  std::optional<double> power_watts;
+  std::optional<double> utilization;  // 0..1: the fraction of time kernels ran
+  std::optional<uint64_t> memory_total_bytes;
+  std::optional<uint64_t> memory_used_bytes;
+};
+
 // The slots, by group: first the seeds' 28 (in the seeds' order), then the
 // ones flagosd adds. Names are the ones reported by the daemon and listed
 // in docs/reference/backends.md.
@@ -95,9 +107,10 @@ enum class Slot {
   kEventQuery, kEventElapsedTime,
   // flagosd's own
   kDeviceProperties, kMemoryInfo, kHostRegister, kHostAddress, kLaunchHostFunc,
+  kDeviceTelemetry,
 };
 inline constexpr int kSeedSlotCount = 28;
-inline constexpr int kSlotCount = static_cast<int>(Slot::kLaunchHostFunc) + 1;
+inline constexpr int kSlotCount = static_cast<int>(Slot::kDeviceTelemetry) + 1;
 absl::string_view SlotName(Slot slot);
 // "device", "memory", "stream", "event" or "flagosd".
 absl::string_view SlotGroup(Slot slot);
@@ -173,6 +186,10 @@ class DeviceRuntime {
   // and no incomplete work uses it.
   virtual absl::Status Free(int device, DevicePtr ptr) = 0;
   virtual absl::StatusOr<MemoryInfo> GetMemoryInfo(int device) const = 0;
+  // The device's own figures (temperature, power, utilisation, memory) as
+  // its management library reports them; a gap (UNIMPLEMENTED) on backends
+  // without one. Cheap enough to call at every metrics scrape.
+  virtual absl::StatusOr<DeviceTelemetry> GetTelemetry(int device) const = 0;
   // Pins [ptr, ptr + nbytes) of host memory for DMA until HostUnregister
   // (the daemon registers staging regions). Copies work from unregistered
   // memory too; registering only makes them faster. Gap on backends that

@@ -4,17 +4,35 @@
 // dlsym(RTLD_DEFAULT, ...), which works when libxpurt was loaded
 // RTLD_GLOBAL first (as flagosd loads it). Without them xpumlInit reports
 // "uninitialised" (1).
+//
+// Its telemetry figures (the same for every device) come from FAKE_XPUML_*,
+// read once when the library loads; a malformed value aborts the load.
 
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cerrno>
+#include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <string_view>
 
 #include "xpurt_symbols.h"
 
+// Built twice: as libxpuml with every function of the table, and with
+// FAKE_XPUML_WITHOUT_TELEMETRY as an older libxpuml that lacks the OPTIONAL
+// ones (the telemetry calls).
 #define FAKE_XPUML_DECLARE(name, params) extern "C" __attribute__((visibility("default"))) int name params;
-FLAGOS_XPUML_SYMBOLS(FAKE_XPUML_DECLARE)
+#define FAKE_XPUML_ABSENT(name, params)
+#ifdef FAKE_XPUML_WITHOUT_TELEMETRY
+#define FAKE_XPUML_OPTIONAL FAKE_XPUML_ABSENT
+#else
+#define FAKE_XPUML_OPTIONAL FAKE_XPUML_DECLARE
+#endif
+FLAGOS_XPUML_SYMBOLS(FAKE_XPUML_DECLARE, FAKE_XPUML_OPTIONAL)
 #undef FAKE_XPUML_DECLARE
 
 namespace {
@@ -22,8 +40,63 @@ namespace {
 constexpr int kSuccess = 0;
 constexpr int kUninitialized = 1;
 constexpr int kInvalidArgument = 2;
+constexpr int kNotSupported = 3;
 constexpr unsigned long long kPageSize = 4096;
 constexpr unsigned long long kL3Bytes = 96ull << 20;
+
+// ---- configuration (FAKE_XPUML_*) ----------------------------------------
+
+struct Telemetry {
+  unsigned int temperature = 45;    // FAKE_XPUML_TEMPERATURE, degrees C
+  unsigned int power_mw = 150000;   // FAKE_XPUML_POWER_MW
+  unsigned int utilization = 0;     // FAKE_XPUML_UTILIZATION, percent
+  bool supported = true;            // false: FAKE_XPUML_NO_TELEMETRY=1
+};
+
+// Written once by the library constructor, before any call can be made.
+Telemetry g_telemetry;
+
+[[noreturn]] void ConfigError(const char* var, const std::string& what) {
+  std::fprintf(stderr, "fake libxpuml: bad %s: %s\n", var, what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+std::string Trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
+  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+long long ParseInt(const char* var, const std::string& text, long long lo, long long hi) {
+  if (text.empty()) ConfigError(var, "empty number");
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == nullptr || *end != '\0') ConfigError(var, "'" + text + "' is not an integer");
+  if (v < lo || v > hi) {
+    ConfigError(var, "'" + text + "' is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+void ParseConfig(Telemetry& t) {
+  if (const char* v = std::getenv("FAKE_XPUML_TEMPERATURE")) {
+    t.temperature = static_cast<unsigned int>(ParseInt("FAKE_XPUML_TEMPERATURE", Trim(v), 0, 200));
+  }
+  if (const char* v = std::getenv("FAKE_XPUML_POWER_MW")) {
+    t.power_mw = static_cast<unsigned int>(ParseInt("FAKE_XPUML_POWER_MW", Trim(v), 0, UINT_MAX));
+  }
+  if (const char* v = std::getenv("FAKE_XPUML_UTILIZATION")) {
+    t.utilization = static_cast<unsigned int>(ParseInt("FAKE_XPUML_UTILIZATION", Trim(v), 0, 100));
+  }
+  if (const char* v = std::getenv("FAKE_XPUML_NO_TELEMETRY")) {
+    t.supported = ParseInt("FAKE_XPUML_NO_TELEMETRY", Trim(v), 0, 1) == 0;
+  }
+}
+
+__attribute__((constructor)) void FakeXpumlLoad() { ParseConfig(g_telemetry); }
 
 using MemoryFn = uint64_t (*)(int);
 using CountFn = int (*)(void);
@@ -105,10 +178,47 @@ extern "C" int xpumlDeviceGetMemoryInfo(void* dev, struct XpumlMemory* memory) {
   return kSuccess;
 }
 
+#ifndef FAKE_XPUML_WITHOUT_TELEMETRY
+// Telemetry: before xpumlInit 1, a bad handle or null output 2, and with
+// FAKE_XPUML_NO_TELEMETRY=1 (or a sensor other than the XPU die) 3.
+extern "C" int xpumlDeviceGetTemperature(void* dev, int sensor, unsigned int* celsius) {
+  const Runtime* rt = Current();
+  if (rt == nullptr) return kUninitialized;
+  if (DeviceIndex(rt, dev) < 0 || celsius == nullptr) return kInvalidArgument;
+  if (!g_telemetry.supported || sensor != flagos::kunlunxin::kXpumlTemperatureXpu) return kNotSupported;
+  *celsius = g_telemetry.temperature;
+  return kSuccess;
+}
+
+extern "C" int xpumlDeviceGetPowerUsage(void* dev, unsigned int* milliwatts) {
+  const Runtime* rt = Current();
+  if (rt == nullptr) return kUninitialized;
+  if (DeviceIndex(rt, dev) < 0 || milliwatts == nullptr) return kInvalidArgument;
+  if (!g_telemetry.supported) return kNotSupported;
+  *milliwatts = g_telemetry.power_mw;
+  return kSuccess;
+}
+
+extern "C" int xpumlDeviceGetUtilizationRates(void* dev, struct XpumlUtilization* util) {
+  const Runtime* rt = Current();
+  if (rt == nullptr) return kUninitialized;
+  if (DeviceIndex(rt, dev) < 0 || util == nullptr) return kInvalidArgument;
+  if (!g_telemetry.supported) return kNotSupported;
+  std::memset(util, 0, sizeof(*util));
+  util->xpu = g_telemetry.utilization;
+  util->memory = 0;
+  return kSuccess;
+}
+#endif  // FAKE_XPUML_WITHOUT_TELEMETRY
+
 namespace {
 __attribute__((used)) void* const kEveryXpumlFunction[] = {
 #define FAKE_XPUML_ADDRESS(name, params) reinterpret_cast<void*>(&name),
-    FLAGOS_XPUML_SYMBOLS(FAKE_XPUML_ADDRESS)
+#ifdef FAKE_XPUML_WITHOUT_TELEMETRY
+    FLAGOS_XPUML_SYMBOLS(FAKE_XPUML_ADDRESS, FAKE_XPUML_ABSENT)
+#else
+    FLAGOS_XPUML_SYMBOLS(FAKE_XPUML_ADDRESS, FAKE_XPUML_ADDRESS)
+#endif
 #undef FAKE_XPUML_ADDRESS
 };
 }  // namespace

@@ -43,7 +43,7 @@ constexpr uint64_t kGiB = 1ull << 30;
 struct Api {
 #define SELFTEST_SLOT(name, params) int(*name) params = nullptr;
   FLAGOS_XPURT_SYMBOLS(SELFTEST_SLOT, SELFTEST_SLOT)
-  FLAGOS_XPUML_SYMBOLS(SELFTEST_SLOT)
+  FLAGOS_XPUML_SYMBOLS(SELFTEST_SLOT, SELFTEST_SLOT)
 #undef SELFTEST_SLOT
   uint64_t (*memory_used)(int) = nullptr;
   uint64_t (*memory_total)(int) = nullptr;
@@ -138,7 +138,7 @@ void* LoadXpuml() {
 #define SELFTEST_LOAD(name, params)                                  \
   api.name = reinterpret_cast<decltype(api.name)>(dlsym(h, #name));  \
   REQUIRE(api.name != nullptr);
-  FLAGOS_XPUML_SYMBOLS(SELFTEST_LOAD)
+  FLAGOS_XPUML_SYMBOLS(SELFTEST_LOAD, SELFTEST_LOAD)
 #undef SELFTEST_LOAD
   return h;
 }
@@ -709,8 +709,23 @@ void TestXpuml() {
   CHECK_RC(api.xpu_free(p), kOk);
   CHECK_RC(api.xpumlDeviceGetMemoryInfo(dev, &m), 0);
   CHECK(m.global_used == api.memory_used(0));
+  // Telemetry at the defaults (FAKE_XPUML_* unset).
+  unsigned int celsius = 0, milliwatts = 0;
+  XpumlUtilization util;
+  std::memset(&util, 0xff, sizeof(util));
+  CHECK_RC(api.xpumlDeviceGetTemperature(dev, flagos::kunlunxin::kXpumlTemperatureXpu, &celsius), 0);
+  CHECK(celsius == 45);
+  CHECK_RC(api.xpumlDeviceGetTemperature(dev, 1, &celsius), 3);  // only the die sensor
+  CHECK_RC(api.xpumlDeviceGetPowerUsage(dev, &milliwatts), 0);
+  CHECK(milliwatts == 150000);
+  CHECK_RC(api.xpumlDeviceGetUtilizationRates(dev, &util), 0);
+  CHECK(util.xpu == 0 && util.memory == 0 && util.reserved[0] == 0 && util.reserved[14] == 0);
+  CHECK_RC(api.xpumlDeviceGetTemperature(&m, 0, &celsius), 2);
+  CHECK_RC(api.xpumlDeviceGetPowerUsage(dev, nullptr), 2);
+  CHECK_RC(api.xpumlDeviceGetUtilizationRates(&m, &util), 2);
   CHECK_RC(api.xpumlShutdown(), 0);
   CHECK_RC(api.xpumlDeviceGetCount(&count), 1);
+  CHECK_RC(api.xpumlDeviceGetPowerUsage(dev, &milliwatts), 1);
 }
 
 void TestCalls() {
@@ -869,6 +884,45 @@ int ModeSmall() {
   return g_failures == 0 ? 0 : 1;
 }
 
+// FAKE_XPUML_TEMPERATURE=71, FAKE_XPUML_POWER_MW=212500,
+// FAKE_XPUML_UTILIZATION=37.
+int ModeXpumlTelemetry() {
+  LoadRuntime();
+  LoadXpuml();
+  CHECK_RC(api.xpumlInit(), 0);
+  void* dev = nullptr;
+  CHECK_RC(api.xpumlDeviceGetHandleByIndex(1, &dev), 0);
+  unsigned int celsius = 0, milliwatts = 0;
+  XpumlUtilization util{};
+  CHECK_RC(api.xpumlDeviceGetTemperature(dev, 0, &celsius), 0);
+  CHECK(celsius == 71);
+  CHECK_RC(api.xpumlDeviceGetPowerUsage(dev, &milliwatts), 0);
+  CHECK(milliwatts == 212500);
+  CHECK_RC(api.xpumlDeviceGetUtilizationRates(dev, &util), 0);
+  CHECK(util.xpu == 37);
+  return g_failures == 0 ? 0 : 1;
+}
+
+// FAKE_XPUML_NO_TELEMETRY=1: the three telemetry calls are not supported,
+// memory info still is.
+int ModeXpumlNoTelemetry() {
+  LoadRuntime();
+  LoadXpuml();
+  CHECK_RC(api.xpumlInit(), 0);
+  void* dev = nullptr;
+  CHECK_RC(api.xpumlDeviceGetHandleByIndex(0, &dev), 0);
+  unsigned int celsius = 7, milliwatts = 7;
+  XpumlUtilization util{};
+  util.xpu = 7;
+  CHECK_RC(api.xpumlDeviceGetTemperature(dev, 0, &celsius), 3);
+  CHECK_RC(api.xpumlDeviceGetPowerUsage(dev, &milliwatts), 3);
+  CHECK_RC(api.xpumlDeviceGetUtilizationRates(dev, &util), 3);
+  CHECK(celsius == 7 && milliwatts == 7 && util.xpu == 7);  // outputs untouched
+  XpumlMemory m;
+  CHECK_RC(api.xpumlDeviceGetMemoryInfo(dev, &m), 0);
+  return g_failures == 0 ? 0 : 1;
+}
+
 int ModeXpumlAlone() {
   LoadXpuml();  // no libxpurt in the process
   CHECK_RC(api.xpumlInit(), 1);
@@ -924,10 +978,16 @@ int RunChildMode(const std::string& mode) {
   if (mode == "no-devices") return ModeNoDevices();
   if (mode == "small") return ModeSmall();
   if (mode == "xpuml-alone") return ModeXpumlAlone();
+  if (mode == "xpuml-telemetry") return ModeXpumlTelemetry();
+  if (mode == "xpuml-no-telemetry") return ModeXpumlNoTelemetry();
   if (mode == "exit-pending") return ModeExitPending();
   if (mode == "reload") return ModeReload();
   if (mode == "bad-env") {
     LoadRuntime();  // must abort
+    return 3;
+  }
+  if (mode == "bad-xpuml-env") {
+    LoadXpuml();  // must abort
     return 3;
   }
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
@@ -945,6 +1005,9 @@ void TestModes() {
       {"no-devices", {{"FAKE_XPU_DEVICES", "0"}}},
       {"small", {{"FAKE_XPU_DEVICES", "3"}, {"FAKE_XPU_MEMORY", "1048576"}}},
       {"xpuml-alone", {}},
+      {"xpuml-telemetry",
+       {{"FAKE_XPUML_TEMPERATURE", "71"}, {"FAKE_XPUML_POWER_MW", "212500"}, {"FAKE_XPUML_UTILIZATION", "37"}}},
+      {"xpuml-no-telemetry", {{"FAKE_XPUML_NO_TELEMETRY", "1"}}},
       {"exit-pending", {{"FAKE_XPU_DELAY_US", "20000"}}},
       // dlclose leaks the fake's bookkeeping by design (see README.md).
       {"reload", {{"FAKE_XPU_DELAY_US", "20000"}, {"ASAN_OPTIONS", "detect_leaks=0"}}},
@@ -973,6 +1036,18 @@ void TestModes() {
     if (!(st != -1 && WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT)) {
       std::fprintf(stderr, "%s=%s did not abort the load (status %d)\n", env[0].first.c_str(),
                    env[0].second.c_str(), st);
+      ++g_failures;
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> bad_xpuml[] = {
+      {{"FAKE_XPUML_TEMPERATURE", "hot"}}, {{"FAKE_XPUML_POWER_MW", "-1"}},
+      {{"FAKE_XPUML_UTILIZATION", "101"}}, {{"FAKE_XPUML_NO_TELEMETRY", "yes"}},
+  };
+  for (const auto& env : bad_xpuml) {
+    int st = RunMode("bad-xpuml-env", env, 60);
+    if (!(st != -1 && WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT)) {
+      std::fprintf(stderr, "%s=%s did not abort the libxpuml load (status %d)\n",
+                   env[0].first.c_str(), env[0].second.c_str(), st);
       ++g_failures;
     }
   }
@@ -1008,6 +1083,10 @@ int main(int argc, char** argv) {
   unsetenv("FAKE_XPU_LIE");
   unsetenv("FAKE_XPU_DEVICES");
   unsetenv("FAKE_XPU_MEMORY");
+  unsetenv("FAKE_XPUML_TEMPERATURE");
+  unsetenv("FAKE_XPUML_POWER_MW");
+  unsetenv("FAKE_XPUML_UTILIZATION");
+  unsetenv("FAKE_XPUML_NO_TELEMETRY");
   void* h = LoadRuntime();
   struct {
     const char* name;

@@ -59,6 +59,8 @@ struct ConnectionOptions {
   // Attach a shared staging region when the daemon offers one. The default
   // is false when FLAGOS_STAGING=0.
   bool staging = StagingWantedByEnvironment();
+  // The client's torch version, shown to operators (flagos-smi).
+  std::string torch_version;
 
   static bool StagingWantedByEnvironment();
 };
@@ -145,6 +147,11 @@ class Connection {
 // Daemon statistics from `endpoint` without opening a session.
 absl::StatusOr<v1::GetStatsResponse> QueryStats(const std::string& endpoint,
                                                 absl::Duration timeout);
+
+// The daemon's answer to grpc.health.v1.Health/Check (the whole server):
+// OK when SERVING; UNAVAILABLE naming the endpoint and the status (or why
+// no answer came) otherwise.
+absl::Status QueryHealth(const std::string& endpoint, absl::Duration timeout);
 
 // Turns a gRPC-style status code into a short name ("RESOURCE_EXHAUSTED").
 std::string CodeName(int code);

@@ -1,0 +1,202 @@
+"""flagosd under systemd: what a Type=notify unit with WatchdogSec sees on its
+notify socket (READY=1, STATUS=, WATCHDOG=1 after passing health checks,
+STOPPING=1), a wedged device queue withholding WATCHDOG=1, and the shipped
+unit files accepted by `systemd-analyze verify`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from flagos_test_env import REPO
+
+
+class Notifications:
+    """A datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.messages: list[tuple[float, str]] = []  # (monotonic time, message)
+
+    def collect(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                self.messages.append((time.monotonic(), self.sock.recv(65536).decode()))
+            except socket.timeout:
+                return
+
+    def wait_for(self, needle: str, seconds: float) -> float:
+        """Collects until a message contains `needle`; returns when it came."""
+        deadline = time.monotonic() + seconds
+        seen = len(self.messages)
+        while time.monotonic() < deadline:
+            for at, message in self.messages[seen:]:
+                if needle in message:
+                    return at
+            seen = len(self.messages)
+            self.collect(min(0.2, max(0.0, deadline - time.monotonic())))
+        pytest.fail(f"no {needle!r} within {seconds} s; got {[m for _, m in self.messages]}")
+
+    def times(self, needle: str) -> list[float]:
+        return [at for at, message in self.messages if needle in message.split("\n")]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def start(flagosd_binary: Path, tmp_path: Path, notify: Notifications, watchdog_usec: int | None,
+          *extra: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, NOTIFY_SOCKET=str(notify.path))
+    env.pop("WATCHDOG_PID", None)
+    if watchdog_usec is None:
+        env.pop("WATCHDOG_USEC", None)
+    else:
+        env["WATCHDOG_USEC"] = str(watchdog_usec)
+    return subprocess.Popen(
+        [str(flagosd_binary), f"--listen=unix://{tmp_path}/d.sock", "--backend=cpu",
+         "--cpu-devices=2", "--metrics-listen=127.0.0.1:0", *extra],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "wb"))
+
+
+def stop(proc: subprocess.Popen[bytes], notify: Notifications) -> None:
+    proc.send_signal(signal.SIGTERM)
+    notify.wait_for("STOPPING=1", 20)
+    assert proc.wait(timeout=20) == 0
+
+
+def test_ready_status_watchdog_and_stopping(flagosd_binary: Path, tmp_path: Path) -> None:
+    notify = Notifications(tmp_path / "notify.sock")
+    proc = start(flagosd_binary, tmp_path, notify, watchdog_usec=1_000_000)
+    try:
+        notify.wait_for("READY=1", 20)
+        ready = next(m for _, m in notify.messages if "READY=1" in m)
+        assert "STATUS=flagosd 0.1.0 listening on" in ready, ready
+        notify.collect(3.0)
+        # Every half period (0.5 s) after a passing health check: about six
+        # in 3 s; at least four however loaded the machine is.
+        beats = notify.times("WATCHDOG=1")
+        assert len(beats) >= 4, notify.messages
+        assert max(b - a for a, b in zip(beats, beats[1:])) < 1.0, beats
+        status = [m for _, m in notify.messages if m.startswith("STATUS=serving")]
+        assert status and status[-1] == "STATUS=serving 2 devices (cpu), 0 sessions", status
+        stop(proc, notify)
+        stopping = next(m for _, m in notify.messages if "STOPPING=1" in m)
+        assert "STATUS=stopping" in stopping
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
+
+
+def test_status_follows_sessions(flagosd_binary: Path, tmp_path: Path, spawn_python,
+                                 read_line) -> None:
+    notify = Notifications(tmp_path / "notify.sock")
+    proc = start(flagosd_binary, tmp_path, notify, watchdog_usec=1_000_000)
+    try:
+        notify.wait_for("READY=1", 20)
+        client = spawn_python(
+            "import sys, torch, torch_fl\n"
+            "torch.zeros(1, device='flagos').cpu()\n"
+            "print('open', flush=True)\n"
+            "sys.stdin.readline()\n",
+            env={"FLAGOS_ENDPOINT": f"unix://{tmp_path}/d.sock"})
+        assert read_line(client) == "open\n"
+        notify.wait_for("STATUS=serving 2 devices (cpu), 1 session", 10)
+        client.stdin.close()
+        client.wait(timeout=30)
+        notify.wait_for("STATUS=serving 2 devices (cpu), 0 sessions", 10)
+        stop(proc, notify)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
+
+
+def test_wedged_device_queue_stops_the_watchdog(flagosd_binary: Path, tmp_path: Path) -> None:
+    from test_metrics import scrape, value
+
+    notify = Notifications(tmp_path / "notify.sock")
+    proc = start(flagosd_binary, tmp_path, notify, 600_000,
+                 "--test-wedge-health-probes-after=2s")
+    try:
+        notify.wait_for("READY=1", 20)
+        wedged_at = notify.wait_for("STATUS=unhealthy", 15)
+        unhealthy = next(m for _, m in notify.messages if m.startswith("STATUS=unhealthy"))
+        assert "health probe of device flagos:0 has not run for" in unhealthy, unhealthy
+        beats_before = notify.times("WATCHDOG=1")
+        assert beats_before, "the watchdog was fed before the wedge"
+        notify.collect(2.5)
+        # Not one more WATCHDOG=1 after the checks started failing: systemd
+        # would kill and restart this daemon after WatchdogSec.
+        assert [b for b in notify.times("WATCHDOG=1") if b > wedged_at] == [], notify.messages
+        log = (tmp_path / "log").read_text()
+        assert "health check failed: the health probe of device flagos:0" in log, log
+        assert "withholding WATCHDOG=1" in log
+        url = log.split("metrics on ")[1].split()[0].rstrip(";")
+        assert value(scrape(url), "flagosd_health_check_failures_total") >= 1
+        # Still stops cleanly: shutdown releases the wedged probe.
+        stop(proc, notify)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
+
+
+def test_no_watchdog_without_watchdog_usec(flagosd_binary: Path, tmp_path: Path) -> None:
+    notify = Notifications(tmp_path / "notify.sock")
+    proc = start(flagosd_binary, tmp_path, notify, watchdog_usec=None)
+    try:
+        notify.wait_for("READY=1", 20)
+        notify.collect(1.5)
+        assert notify.times("WATCHDOG=1") == []
+        stop(proc, notify)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
+
+
+def test_systemd_analyze_verifies_the_unit_and_its_drop_in(flagosd_binary: Path,
+                                                            tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is missing: scripts/bootstrap installs Debian's systemd"
+    units = tmp_path / "units"
+    (units / "flagosd.service.d").mkdir(parents=True)
+    # The unit as installed, with ExecStart pointing at this build's binary
+    # (verify checks that the command exists).
+    text = (REPO / "deploy/systemd/flagosd.service").read_text()
+    assert "ExecStart=/usr/local/bin/flagosd " in text
+    (units / "flagosd.service").write_text(
+        text.replace("/usr/local/bin/flagosd", str(flagosd_binary)))
+    shutil.copy(REPO / "deploy/systemd/flagosd.service.d/kunlunxin.conf",
+                units / "flagosd.service.d/kunlunxin.conf")
+    out = subprocess.run([analyze, "verify", str(units / "flagosd.service")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # Unknown keys and bad values are only warnings to verify: none allowed.
+    noise = [line for line in (out.stdout + out.stderr).splitlines()
+             if "flagosd.service" in line or "kunlunxin.conf" in line]
+    assert noise == [], noise
+    for key in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "Group=flagos",
+                "EnvironmentFile=-/etc/default/flagosd", "DevicePolicy=closed"):
+        assert key in text, key
+    directives = [line.split("=", 1)[0] for line in text.splitlines()
+                  if line and not line.startswith("#")]
+    assert "PrivateDevices" not in directives, "the P800's device nodes must stay visible" 
+    drop_in = (REPO / "deploy/systemd/flagosd.service.d/kunlunxin.conf").read_text()
+    assert "DeviceAllow=char-xpu rw" in drop_in and "DeviceAllow=/dev/xpuctrl rw" in drop_in
