@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <typeinfo>
 #include <cstring>
 
 #include "copy.h"
@@ -261,9 +262,31 @@ at::Tensor Functional(const at::Tensor& self, const at::Tensor& other) {
   return std::move(results.at(0)).toTensor();
 }
 
+// Whether `self` may take `from`'s data in place (Tensor.data = ...,
+// set_data, and so nn.Module._apply, which keeps a module's Parameter
+// objects across .to() only when this says yes). ATen's own answer lists its
+// built-in dense backends and not PrivateUse1, so without this kernel
+// model.to("flagos") would replace every parameter: tied weights untied,
+// optimizers built before .to() left holding the CPU tensors. CUDA answers
+// yes between CPU and CUDA dense tensors; flagos does the same between CPU
+// and flagos ones (both plain TensorImpls, so shallow_copy_from can move
+// storage and device). Anything else keeps ATen's answer.
+bool HasCompatibleShallowCopyType(const at::Tensor& self, const at::Tensor& from) {
+  const auto dense_here = [](const at::Tensor& t) {
+    const c10::DeviceType type = t.device().type();
+    return t.layout() == c10::kStrided &&
+           (type == c10::DeviceType::CPU || type == c10::DeviceType::PrivateUse1) &&
+           !t.is_quantized() && !t.unsafeGetTensorImpl()->is_python_dispatch() &&
+           typeid(*t.unsafeGetTensorImpl()) == typeid(c10::TensorImpl);
+  };
+  if (dense_here(self) && dense_here(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(HasCompatibleShallowCopyType));
   m.impl("add_.Tensor", TORCH_FN(InPlaceWithAlpha<AddOp>));
   m.impl("add.Tensor", TORCH_FN(FunctionalWithAlpha<AddOp>));
   m.impl("sub_.Tensor", TORCH_FN(InPlaceWithAlpha<SubOp>));
