@@ -4,6 +4,7 @@
 #ifndef FLAGOS_DAEMON_COMMAND_VALIDATION_H_
 #define FLAGOS_DAEMON_COMMAND_VALIDATION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -18,6 +19,9 @@ namespace flagos::daemon {
 inline constexpr int kMaxTensorRank = 64;
 inline constexpr int kMaxCommandsPerBatch = 65536;
 inline constexpr uint32_t kMaxOpId = (1u << 31) - 1;
+// register_op: bytes of name and overload together (ATen's longest is under
+// 100); a longer name is refused without being echoed whole.
+inline constexpr size_t kMaxOpNameBytes = 256;
 // A copy_from_device reply must fit a 256 MiB gRPC message.
 inline constexpr uint64_t kMaxCopyFromDeviceBytes = 128ull << 20;
 

@@ -22,6 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -79,6 +80,88 @@ bool IsIntLike(TypeKind kind) {
   return kind == TypeKind::IntType || kind == TypeKind::SymIntType ||
          kind == TypeKind::ScalarTypeType || kind == TypeKind::LayoutType ||
          kind == TypeKind::MemoryFormatType || kind == TypeKind::QSchemeType;
+}
+
+// OK when `v` names a value of the enum an argument of type `kind` has
+// (ATen indexes its tables with these unchecked: an out-of-range dtype
+// would read past them); other int-like kinds take any value.
+absl::Status CheckEnumValue(TypeKind kind, int64_t v) {
+  int64_t count = -1;
+  absl::string_view what;
+  switch (kind) {
+    case TypeKind::ScalarTypeType:
+      count = static_cast<int64_t>(c10::ScalarType::Undefined);
+      what = "ScalarType (dtype)";
+      break;
+    case TypeKind::LayoutType:
+      count = static_cast<int64_t>(c10::Layout::NumOptions);
+      what = "Layout";
+      break;
+    case TypeKind::MemoryFormatType:
+      count = static_cast<int64_t>(c10::MemoryFormat::NumOptions);
+      what = "MemoryFormat";
+      break;
+    case TypeKind::QSchemeType:
+      count = static_cast<int64_t>(c10::COMPILE_TIME_NUM_QSCHEMES);
+      what = "QScheme";
+      break;
+    default:
+      return absl::OkStatus();
+  }
+  if (v >= 0 && v < count) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(v, " is not a ", what, " (valid: 0..", count - 1,
+                                                 ")"));
+}
+
+// Why flagosd does not serve operator `schema` (PERMISSION_DENIED naming
+// it), or OK. Refused whatever a client asks:
+//   - views: an op that returns a tensor aliasing an argument it does not
+//     write (aten::_reshape_alias, aten::as_strided, ...) builds a tensor
+//     over memory the daemon never range-checked; torch_fl makes views in
+//     the client and never forwards one;
+//   - ops that reach the host beyond device memory: files (aten::from_file
+//     reads and creates them as the daemon's user);
+//   - ops taking raw storages, whose memory the daemon cannot check.
+absl::Status CheckServable(const c10::FunctionSchema& schema, const std::string& full_name) {
+  const auto refused = [&](absl::string_view why) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "register_op ", full_name, ": flagosd does not run this operator: ", why,
+        " (docs/reference/errors.md lists what is refused)"));
+  };
+  for (const c10::Argument& r : schema.returns()) {
+    const c10::AliasInfo* alias = r.alias_info();
+    if (alias != nullptr && !alias->isWrite()) {
+      return refused("it returns a view of an argument; torch_fl computes views in the client");
+    }
+  }
+  if (schema.name() == "aten::from_file") return refused("it reads and creates host files");
+  for (const c10::Argument& a : schema.arguments()) {
+    TypePtr type = a.real_type();
+    if (type->kind() == TypeKind::OptionalType) type = type->containedType(0);
+    if (type->kind() == TypeKind::StorageType) {
+      return refused("it takes a raw storage, whose memory flagosd cannot check");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// CheckEnumValue for a decoded argument whose declared (real) type is an
+// enum, an optional one or a list of them (decoding sees them as ints).
+absl::Status CheckEnumArgument(const TypePtr& real_type, const c10::IValue& value) {
+  TypePtr type = real_type;
+  if (type->kind() == TypeKind::OptionalType) {
+    if (value.isNone()) return absl::OkStatus();
+    type = type->containedType(0);
+  }
+  if (type->kind() == TypeKind::ListType) {
+    if (!value.isIntList()) return absl::OkStatus();
+    const TypeKind element = type->containedType(0)->kind();
+    for (int64_t v : value.toIntVector()) {
+      if (absl::Status s = CheckEnumValue(element, v); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  return value.isInt() ? CheckEnumValue(type->kind(), value.toInt()) : absl::OkStatus();
 }
 
 // How a return's type is handed back to the client.
@@ -912,6 +995,12 @@ class OpRunnerImpl final : public OpRunner {
 
   absl::Status Register(uint32_t op_id, const std::string& name,
                         const std::string& overload) override {
+    if (name.size() + overload.size() > kMaxOpNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "register_op: an operator name of ", name.size() + overload.size(),
+          " bytes (starting '", absl::CEscape(name.substr(0, 32)), "'); the limit is ",
+          kMaxOpNameBytes));
+    }
     const std::string full_name = overload.empty() ? name : absl::StrCat(name, ".", overload);
     if (op_id == 0 || op_id > kMaxOpId) {
       return absl::InvalidArgumentError(absl::StrCat("register_op ", full_name, ": op id ", op_id,
@@ -928,6 +1017,7 @@ class OpRunnerImpl final : public OpRunner {
                                               " is not registered in flagosd's torch ",
                                               TorchVersion()));
     }
+    if (absl::Status s = CheckServable(handle->schema(), full_name); !s.ok()) return s;
     std::string registered_name = OpName(handle->operator_name());
     const OpRoute route = backend_.routes().RouteOf(registered_name);
     auto registered = std::make_unique<RegisteredOp>(*handle, std::move(registered_name), route);
@@ -1206,6 +1296,10 @@ class OpRunnerImpl final : public OpRunner {
       context.set_writing(argument.alias_info() != nullptr && argument.alias_info()->isWrite());
       absl::StatusOr<c10::IValue> value = context.Decode(call.args(i), argument.type(), where);
       if (!value.ok()) return value.status();
+      if (absl::Status s = CheckEnumArgument(argument.real_type(), *value); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(op_name, ": ", where.str(), ": ",
+                                                       s.message()));
+      }
       stack->push_back(*std::move(value));
     }
     context.set_writing(false);

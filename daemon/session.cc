@@ -24,19 +24,6 @@
 namespace flagos::daemon {
 namespace {
 
-absl::string_view CodeName(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case absl::StatusCode::kNotFound: return "NOT_FOUND";
-    case absl::StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case absl::StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case absl::StatusCode::kUnimplemented: return "UNIMPLEMENTED";
-    case absl::StatusCode::kInternal: return "INTERNAL";
-    case absl::StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
-    default: return "ERROR";
-  }
-}
-
 // A sync-channel request is one command; its arguments may carry host
 // tensors by value, within the session stream's own message limit.
 constexpr uint32_t kMaxSyncFrameBytes = 256u << 20;
@@ -1084,15 +1071,24 @@ void Session::SyncLoop() {
     };
     dispatch_mu_.Await(absl::Condition(&caught_up));
     if (sync_closing_) return;
-    sync_seq_.store(seq);
     if (seq == 0 || !v1::OwesReply(command)) {
-      ReplyError(seq, CommandKindName(command),
-                 absl::InvalidArgumentError(absl::StrCat(
-                     "command ", seq, " (", CommandKindName(command),
-                     ") cannot use the sync channel: only a command with a nonzero seq that "
-                     "owes a reply can; send it on the session stream")));
+      // Answered here, on the channel it came on: the client waits on it
+      // (a reply by seq would go to the session stream).
+      const absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
+          "command ", seq, " (", CommandKindName(command),
+          ") cannot use the sync channel: only a command with a nonzero seq that owes a reply "
+          "can; send it on the session stream"));
+      LogWarning(absl::StrCat("session ", id_, " (pid ", pid_, "): ", refused.message()));
+      if (metrics_ != nullptr) metrics_->CountCommandError(refused.code());
+      v1::Completion completion;
+      completion.set_seq(seq);
+      completion.set_code(static_cast<int>(refused.code()));
+      completion.set_message(std::string(refused.message()));
+      completion.set_errors_before(errors_sent_.load());
+      (void)v1::WriteFrame(sync_fd_, completion);
       continue;
     }
+    sync_seq_.store(seq);
     try {
       Dispatch(std::move(command), /*ordered=*/false);
     } catch (const std::exception& e) {
@@ -1105,7 +1101,8 @@ void Session::SyncLoop() {
 
 void Session::ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status) {
   LogWarning(absl::StrCat("session ", id_, " (pid ", pid_, "): command ", seq, " (", kind,
-                          ") failed: ", CodeName(status.code()), ": ", status.message()));
+                          ") failed: ", StatusCodeName(static_cast<int>(status.code())), ": ",
+                          status.message()));
   if (metrics_ != nullptr) metrics_->CountCommandError(status.code());
   v1::Completion completion;
   completion.set_seq(seq);

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
+import select
 import shutil
 import signal
 import subprocess
@@ -285,6 +285,20 @@ def spawn_python() -> Iterator[Callable[..., subprocess.Popen[str]]]:
                 stream.close()
 
 
+def thread_stacks(pid: int) -> str:
+    """Every thread's native stack of process `pid` (gdb), for a hang's report."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "(gdb is not installed: no stacks)"
+    try:
+        out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                             capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "(gdb did not finish within 60 s)"
+    lines = [line for line in out.stdout.splitlines() if line.startswith(("#", "Thread"))]
+    return "\n".join(lines)[-12000:]
+
+
 @pytest.fixture
 def read_line() -> Callable[..., str]:
     """read_line(proc, timeout=120) -> the next line of a spawned child's stdout.
@@ -292,14 +306,31 @@ def read_line() -> Callable[..., str]:
     "" if the child closed stdout (exited); fails the test on timeout.
     """
 
+    # Bytes read past the last line returned, per child. The descriptor is
+    # read directly: a buffered readline() could take two lines at once,
+    # and select() would then wait for a second line already read.
+    pending: dict[int, bytes] = {}
+
     def read(proc: subprocess.Popen[str], timeout: float = 120.0) -> str:
         assert proc.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(proc.stdout, selectors.EVENT_READ)
-            if not selector.select(timeout):
+        fd = proc.stdout.fileno()
+        buffered = pending.pop(id(proc), b"")
+        deadline = time.monotonic() + timeout
+        while b"\n" not in buffered:
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:
+                stacks = thread_stacks(proc.pid)
                 proc.kill()
-                pytest.fail(f"no output from the child within {timeout} s")
-        return proc.stdout.readline()
+                pytest.fail(f"no output from the child within {timeout} s (so far: "
+                            f"{buffered!r}); its threads:\n{stacks}")
+            chunk = os.read(fd, 65536)
+            if not chunk:  # the child closed stdout
+                return buffered.decode()
+            buffered += chunk
+        line, _, rest = buffered.partition(b"\n")
+        pending[id(proc)] = rest
+        return (line + b"\n").decode()
 
     return read
 

@@ -428,6 +428,80 @@ TEST_F(ServerTest, InPlaceOpWritesThroughItsArgument) {
             (std::vector<float>{0.5f, 1, 1.5f, 2}));
 }
 
+// Untrusted clients (a raw protocol speaker, not torch_fl): operators that
+// would build tensors over unchecked memory or touch the host are refused at
+// register_op, naming the op; the session and the daemon go on.
+TEST_F(ServerTest, ViewsFilesAndStoragesAreRefusedAtRegisterOp) {
+  RawSession session(stub_.get());
+  session.Open();
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      RegisterOp(1, "aten::_reshape_alias", ""),
+      RegisterOp(2, "aten::as_strided", ""),
+      RegisterOp(3, "aten::from_file", ""),
+      RegisterOp(4, "aten::set_", "source_Storage"),
+      RegisterOp(5, "aten::view", ""),
+  });
+  ASSERT_EQ(errors.size(), 5u);
+  const char* names[] = {"aten::_reshape_alias", "aten::as_strided", "aten::from_file",
+                         "aten::set_.source_Storage", "aten::view"};
+  for (size_t i = 0; i < errors.size(); ++i) {
+    EXPECT_EQ(errors[i].code(), static_cast<int>(absl::StatusCode::kPermissionDenied))
+        << errors[i].message();
+    EXPECT_TRUE(absl::StrContains(errors[i].message(),
+                                  absl::StrCat("register_op ", names[i], ": flagosd does not run")))
+        << errors[i].message();
+  }
+  EXPECT_TRUE(absl::StrContains(errors[2].message(), "host files")) << errors[2].message();
+  // Served on: an ordinary op in the same session.
+  const uint64_t addr = session.AllocateOk(16);
+  EXPECT_TRUE(session
+                  .RunAndSync({CopyTo(addr, FloatBytes({1, 2, 3, 4})),
+                               RegisterOp(6, "aten::mul_", "Scalar"),
+                               Op(6, {TensorValue(Ref(addr, {4})), DoubleValue(2)}, {})})
+                  .empty());
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr, 16)).data()), (std::vector<float>{2, 4, 6, 8}));
+}
+
+TEST_F(ServerTest, EnumArgumentsOutOfRangeAreRefusedNotCrashed) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(16);
+  v1::Value sizes;
+  sizes.mutable_ints()->add_values(4);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      RegisterOp(1, "aten::empty", "memory_format"),
+      RegisterOp(2, "aten::zeros", ""),
+      RegisterOp(3, "aten::empty_like", ""),
+      Op(1, {sizes, IntValue(200)}, {Ref(addr, {4})}),
+      Op(2, {sizes, IntValue(-1)}, {Ref(addr, {4})}),
+      Op(1, {sizes, NoneValue(), IntValue(99)}, {Ref(addr, {4})}),
+      Op(3, {TensorValue(Ref(addr, {4})), NoneValue(), NoneValue(), NoneValue(), NoneValue(),
+             IntValue(17)},
+         {Ref(addr, {4})}),
+  });
+  ASSERT_EQ(errors.size(), 4u);
+  const char* expected[] = {"200 is not a ScalarType", "-1 is not a ScalarType",
+                            "99 is not a Layout", "17 is not a MemoryFormat"};
+  for (size_t i = 0; i < errors.size(); ++i) {
+    EXPECT_EQ(errors[i].code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+        << errors[i].message();
+    EXPECT_TRUE(absl::StrContains(errors[i].message(), expected[i])) << errors[i].message();
+  }
+  // Alive, and serving.
+  EXPECT_EQ(session.Call(CopyFrom(addr, 16)).code(), 0);
+}
+
+TEST_F(ServerTest, AnOversizedOpNameIsRefusedWithoutBeingEchoed) {
+  RawSession session(stub_.get());
+  session.Open();
+  std::vector<v1::Completion> errors =
+      session.RunAndSync({RegisterOp(1, std::string(1 << 20, 'x'), "")});
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(absl::StrContains(errors[0].message(), "the limit is 256")) << errors[0].message();
+  EXPECT_LT(errors[0].message().size(), 300u);
+}
+
 TEST_F(ServerTest, HeldResultsStayInTheDaemonUntilPlaced) {
   RawSession session(stub_.get());
   session.Open();
