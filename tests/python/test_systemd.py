@@ -69,106 +69,102 @@ def start(flagosd_binary: Path, tmp_path: Path, notify: Notifications, watchdog_
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "wb"))
 
 
+@pytest.fixture
+def notify(tmp_path: Path):
+    n = Notifications(tmp_path / "notify.sock")
+    yield n
+    n.close()
+
+
+@pytest.fixture
+def launch(flagosd_binary: Path, tmp_path: Path, notify: Notifications):
+    """launch(watchdog_usec, *extra_args) -> a flagosd reporting to `notify`; killed after."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def go(watchdog_usec: int | None, *extra: str) -> subprocess.Popen[bytes]:
+        proc = start(flagosd_binary, tmp_path, notify, watchdog_usec, *extra)
+        procs.append(proc)
+        return proc
+
+    yield go
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def stop(proc: subprocess.Popen[bytes], notify: Notifications) -> None:
     proc.send_signal(signal.SIGTERM)
     notify.wait_for("STOPPING=1", 20)
     assert proc.wait(timeout=20) == 0
 
 
-def test_ready_status_watchdog_and_stopping(flagosd_binary: Path, tmp_path: Path) -> None:
-    notify = Notifications(tmp_path / "notify.sock")
-    proc = start(flagosd_binary, tmp_path, notify, watchdog_usec=1_000_000)
-    try:
-        notify.wait_for("READY=1", 20)
-        ready = next(m for _, m in notify.messages if "READY=1" in m)
-        assert "STATUS=flagosd 0.1.0 listening on" in ready, ready
-        notify.collect(3.0)
-        # Every half period (0.5 s) after a passing health check: about six
-        # in 3 s; at least four however loaded the machine is.
-        beats = notify.times("WATCHDOG=1")
-        assert len(beats) >= 4, notify.messages
-        assert max(b - a for a, b in zip(beats, beats[1:])) < 1.0, beats
-        status = [m for _, m in notify.messages if m.startswith("STATUS=serving")]
-        assert status and status[-1] == "STATUS=serving 2 devices (cpu), 0 sessions", status
-        stop(proc, notify)
-        stopping = next(m for _, m in notify.messages if "STOPPING=1" in m)
-        assert "STATUS=stopping" in stopping
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        notify.close()
+def test_ready_status_watchdog_and_stopping(launch, notify: Notifications, tmp_path: Path) -> None:
+    proc = launch(1_000_000)
+    notify.wait_for("READY=1", 20)
+    ready = next(m for _, m in notify.messages if "READY=1" in m)
+    assert "STATUS=flagosd 0.1.0 listening on" in ready, ready
+    notify.collect(3.0)
+    # Every half period (0.5 s) after a passing health check: about six
+    # in 3 s; at least four however loaded the machine is.
+    beats = notify.times("WATCHDOG=1")
+    assert len(beats) >= 4, notify.messages
+    assert max(b - a for a, b in zip(beats, beats[1:])) < 1.0, beats
+    status = [m for _, m in notify.messages if m.startswith("STATUS=serving")]
+    assert status and status[-1] == "STATUS=serving 2 devices (cpu), 0 sessions", status
+    stop(proc, notify)
+    stopping = next(m for _, m in notify.messages if "STOPPING=1" in m)
+    assert "STATUS=stopping" in stopping
 
 
-def test_status_follows_sessions(flagosd_binary: Path, tmp_path: Path, spawn_python,
+def test_status_follows_sessions(launch, notify: Notifications, tmp_path: Path, spawn_python,
                                  read_line) -> None:
-    notify = Notifications(tmp_path / "notify.sock")
-    proc = start(flagosd_binary, tmp_path, notify, watchdog_usec=1_000_000)
-    try:
-        notify.wait_for("READY=1", 20)
-        client = spawn_python(
-            "import sys, torch, torch_fl\n"
-            "torch.zeros(1, device='flagos').cpu()\n"
-            "print('open', flush=True)\n"
-            "sys.stdin.readline()\n",
-            env={"FLAGOS_ENDPOINT": f"unix://{tmp_path}/d.sock"})
-        assert read_line(client) == "open\n"
-        notify.wait_for("STATUS=serving 2 devices (cpu), 1 session", 10)
-        client.stdin.close()
-        client.wait(timeout=30)
-        notify.wait_for("STATUS=serving 2 devices (cpu), 0 sessions", 10)
-        stop(proc, notify)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        notify.close()
+    proc = launch(1_000_000)
+    notify.wait_for("READY=1", 20)
+    client = spawn_python(
+        "import sys, torch, torch_fl\n"
+        "torch.zeros(1, device='flagos').cpu()\n"
+        "print('open', flush=True)\n"
+        "sys.stdin.readline()\n",
+        env={"FLAGOS_ENDPOINT": f"unix://{tmp_path}/d.sock"})
+    assert read_line(client) == "open\n"
+    notify.wait_for("STATUS=serving 2 devices (cpu), 1 session", 10)
+    client.stdin.close()
+    client.wait(timeout=30)
+    notify.wait_for("STATUS=serving 2 devices (cpu), 0 sessions", 10)
+    stop(proc, notify)
 
 
-def test_wedged_device_queue_stops_the_watchdog(flagosd_binary: Path, tmp_path: Path) -> None:
+def test_wedged_device_queue_stops_the_watchdog(launch, notify: Notifications, tmp_path: Path) -> None:
     from test_metrics import scrape, value
 
-    notify = Notifications(tmp_path / "notify.sock")
-    proc = start(flagosd_binary, tmp_path, notify, 600_000,
+    proc = launch(600_000,
                  "--test-wedge-health-probes-after=2s")
-    try:
-        notify.wait_for("READY=1", 20)
-        wedged_at = notify.wait_for("STATUS=unhealthy", 15)
-        unhealthy = next(m for _, m in notify.messages if m.startswith("STATUS=unhealthy"))
-        assert "health probe of device flagos:0 has not run for" in unhealthy, unhealthy
-        beats_before = notify.times("WATCHDOG=1")
-        assert beats_before, "the watchdog was fed before the wedge"
-        notify.collect(2.5)
-        # Not one more WATCHDOG=1 after the checks started failing: systemd
-        # would kill and restart this daemon after WatchdogSec.
-        assert [b for b in notify.times("WATCHDOG=1") if b > wedged_at] == [], notify.messages
-        log = (tmp_path / "log").read_text()
-        assert "health check failed: the health probe of device flagos:0" in log, log
-        assert "withholding WATCHDOG=1" in log
-        url = log.split("metrics on ")[1].split()[0].rstrip(";")
-        assert value(scrape(url), "flagosd_health_check_failures_total") >= 1
-        # Still stops cleanly: shutdown releases the wedged probe.
-        stop(proc, notify)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        notify.close()
+    notify.wait_for("READY=1", 20)
+    wedged_at = notify.wait_for("STATUS=unhealthy", 15)
+    unhealthy = next(m for _, m in notify.messages if m.startswith("STATUS=unhealthy"))
+    assert "health probe of device flagos:0 has not run for" in unhealthy, unhealthy
+    beats_before = notify.times("WATCHDOG=1")
+    assert beats_before, "the watchdog was fed before the wedge"
+    notify.collect(2.5)
+    # Not one more WATCHDOG=1 after the checks started failing: systemd
+    # would kill and restart this daemon after WatchdogSec.
+    assert [b for b in notify.times("WATCHDOG=1") if b > wedged_at] == [], notify.messages
+    log = (tmp_path / "log").read_text()
+    assert "health check failed: the health probe of device flagos:0" in log, log
+    assert "withholding WATCHDOG=1" in log
+    url = log.split("metrics on ")[1].split()[0].rstrip(";")
+    assert value(scrape(url), "flagosd_health_check_failures_total") >= 1
+    # Still stops cleanly: shutdown releases the wedged probe.
+    stop(proc, notify)
 
 
-def test_no_watchdog_without_watchdog_usec(flagosd_binary: Path, tmp_path: Path) -> None:
-    notify = Notifications(tmp_path / "notify.sock")
-    proc = start(flagosd_binary, tmp_path, notify, watchdog_usec=None)
-    try:
-        notify.wait_for("READY=1", 20)
-        notify.collect(1.5)
-        assert notify.times("WATCHDOG=1") == []
-        stop(proc, notify)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        notify.close()
+def test_no_watchdog_without_watchdog_usec(launch, notify: Notifications, tmp_path: Path) -> None:
+    proc = launch(None)
+    notify.wait_for("READY=1", 20)
+    notify.collect(1.5)
+    assert notify.times("WATCHDOG=1") == []
+    stop(proc, notify)
 
 
 def test_systemd_analyze_verifies_the_unit_and_its_drop_in(flagosd_binary: Path,

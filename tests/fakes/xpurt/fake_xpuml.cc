@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "fake_env.h"
 #include "xpurt_symbols.h"
 
 // Built twice: as libxpuml with every function of the table, and with
@@ -56,29 +57,10 @@ struct Telemetry {
 // Written once by the library constructor, before any call can be made.
 Telemetry g_telemetry;
 
-[[noreturn]] void ConfigError(const char* var, const std::string& what) {
-  std::fprintf(stderr, "fake libxpuml: bad %s: %s\n", var, what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-std::string Trim(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) --e;
-  return std::string(s.substr(b, e - b));
-}
+using fake_env::Trim;
 
 long long ParseInt(const char* var, const std::string& text, long long lo, long long hi) {
-  if (text.empty()) ConfigError(var, "empty number");
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end == nullptr || *end != '\0') ConfigError(var, "'" + text + "' is not an integer");
-  if (v < lo || v > hi) {
-    ConfigError(var, "'" + text + "' is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return v;
+  return fake_env::ParseInt("fake libxpuml", var, text, lo, hi);
 }
 
 void ParseConfig(Telemetry& t) {

@@ -47,6 +47,7 @@
 
 #include "fake_xpurt.h"
 #include "fake_xpurt_codes.h"
+#include "fake_env.h"
 #include "xpurt_symbols.h"
 
 // Declare every function of the shared prototype table first: a definition
@@ -105,9 +106,7 @@ int SymByName(std::string_view name) {
 }
 
 [[noreturn]] void ConfigError(const char* var, const std::string& what) {
-  std::fprintf(stderr, "fake libxpurt: bad %s: %s\n", var, what.c_str());
-  std::fflush(stderr);
-  std::abort();
+  fake_env::ConfigError("fake libxpurt", var, what);
 }
 
 struct FailRule {
@@ -208,12 +207,7 @@ uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 // ---- configuration -------------------------------------------------------
 
-std::string Trim(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) --e;
-  return std::string(s.substr(b, e - b));
-}
+using fake_env::Trim;
 
 std::vector<std::string> Split(std::string_view s, char sep) {
   std::vector<std::string> out;
@@ -228,15 +222,7 @@ std::vector<std::string> Split(std::string_view s, char sep) {
 }
 
 long long ParseInt(const char* var, const std::string& text, long long lo, long long hi) {
-  if (text.empty()) ConfigError(var, "empty number");
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end == nullptr || *end != '\0') ConfigError(var, "'" + text + "' is not an integer");
-  if (v < lo || v > hi) {
-    ConfigError(var, "'" + text + "' is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return v;
+  return fake_env::ParseInt("fake libxpurt", var, text, lo, hi);
 }
 
 void ParseConfig(Config& cfg) {
