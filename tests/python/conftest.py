@@ -96,8 +96,13 @@ class Daemon:
 
     def metrics_url(self) -> str:
         """The daemon's /metrics URL, from its ready line ("metrics on http://...")."""
-        match = re.search(r"metrics on (http://\S+/metrics)", self.log())
-        assert match, f"flagosd serves no metrics (start it with --metrics-listen=...):\n{self.log()}"
+        # start() may return when the socket appears, before the ready line.
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not (match := re.search(r"metrics on (http://\S+/metrics)", self.log())):
+            if "listening on" in self.log() or time.monotonic() > deadline:
+                raise AssertionError("flagosd serves no metrics (start it with "
+                                     f"--metrics-listen=...):\n{self.log()}")
+            time.sleep(0.02)
         return match.group(1)
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
