@@ -9,7 +9,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "logging.h"
 
 namespace flagos::daemon {
@@ -27,12 +26,12 @@ std::string VersionRange(uint32_t min, uint32_t max) {
 }  // namespace
 
 FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
-                             DeviceActivity* activity, Metrics* metrics)
+                             DeviceActivity* activity, Metrics* metrics, double start_time_unix)
     : backend_(*backend),
       registry_(*registry),
       activity_(*activity),
       metrics_(metrics),
-      start_time_(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())) {}
+      start_time_(start_time_unix) {}
 
 grpc::Status FlagosService::Counted(grpc::Status status) const {
   if (!status.ok() && metrics_ != nullptr) metrics_->CountRpcError(status.error_code());

@@ -22,8 +22,9 @@ inline constexpr uint32_t kMaxProtocolVersion = 1;
 class FlagosService final : public v1::Flagos::Service {
  public:
   // All must outlive the service; `metrics` may be null (metrics off).
+  // `start_time_unix`: when the daemon started (GetStats reports it).
   FlagosService(const Backend* backend, SessionRegistry* registry, DeviceActivity* activity,
-                Metrics* metrics);
+                Metrics* metrics, double start_time_unix);
 
   // The staging socket offered to sessions opened over a unix socket (empty:
   // none). Call before the server starts.

@@ -125,32 +125,25 @@ Metrics::Metrics(int devices) : registry_(std::make_shared<prometheus::Registry>
                          .Register(r);
   // The codes every deployment sees, present from the start so that rates
   // and alerts have a series before the first error.
-  for (absl::string_view code : {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "INTERNAL"}) {
-    CodeCounter(*rpc_errors_, code);
-    CodeCounter(*command_errors_, code);
+  for (const char* code : {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "INTERNAL"}) {
+    rpc_errors_->Add({{"code", code}});
+    command_errors_->Add({{"code", code}});
   }
 }
 
 Metrics::~Metrics() = default;
-
-prometheus::Counter& Metrics::CodeCounter(prometheus::Family<prometheus::Counter>& family,
-                                          absl::string_view code) {
-  absl::MutexLock lock(&codes_mu_);
-  prometheus::Counter*& counter = codes_[{&family, std::string(code)}];
-  if (counter == nullptr) counter = &family.Add({{"code", std::string(code)}});
-  return *counter;
-}
 
 void Metrics::CountSessionOpened() { sessions_opened_->Increment(); }
 void Metrics::CountSessionRefused() { sessions_refused_->Increment(); }
 void Metrics::CountHealthCheckFailure() { health_failures_->Increment(); }
 
 void Metrics::CountRpcError(int grpc_code) {
-  CodeCounter(*rpc_errors_, StatusCodeName(grpc_code)).Increment();
+  rpc_errors_->Add({{"code", std::string(StatusCodeName(grpc_code))}}).Increment();
 }
 
 void Metrics::CountCommandError(absl::StatusCode code) {
-  CodeCounter(*command_errors_, StatusCodeName(static_cast<int>(code))).Increment();
+  command_errors_->Add({{"code", std::string(StatusCodeName(static_cast<int>(code)))}})
+      .Increment();
 }
 
 }  // namespace flagos::daemon

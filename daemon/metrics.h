@@ -13,15 +13,12 @@
 #define FLAGOS_DAEMON_METRICS_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "op_routes.h"
 
 namespace prometheus {
@@ -82,21 +79,15 @@ class Metrics {
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
  private:
-  prometheus::Counter& CodeCounter(prometheus::Family<prometheus::Counter>& family,
-                                   absl::string_view code);
-
   std::shared_ptr<prometheus::Registry> registry_;
   std::vector<std::unique_ptr<DeviceMetrics>> devices_;
   prometheus::Counter* sessions_opened_ = nullptr;
   prometheus::Counter* sessions_refused_ = nullptr;
   prometheus::Counter* health_failures_ = nullptr;
   prometheus::Family<prometheus::Counter>* rpc_errors_ = nullptr;
+  // Labelled by code; a code's child is added on its first use (Family::Add
+  // returns the existing child for labels it has; codes are a fixed set of 17).
   prometheus::Family<prometheus::Counter>* command_errors_ = nullptr;
-  // Children of the code-labelled families, by family and code (a code's
-  // child is added on its first use: codes are a fixed set of 17).
-  absl::Mutex codes_mu_;
-  std::map<std::pair<const void*, std::string>, prometheus::Counter*> codes_
-      ABSL_GUARDED_BY(codes_mu_);
 };
 
 // The gRPC / absl status code's name ("RESOURCE_EXHAUSTED").

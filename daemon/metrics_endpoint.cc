@@ -6,12 +6,13 @@
 #include <prometheus/registry.h>
 
 #include <exception>
+#include <iterator>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "flagos_service.h"
 #include "session_registry.h"
 
@@ -44,18 +45,47 @@ void Add(MetricFamily& family, double value,
   family.metric.push_back(std::move(metric));
 }
 
+template <typename T>
+std::optional<double> AsDouble(const std::optional<T>& v) {
+  return v ? std::optional<double>(static_cast<double>(*v)) : std::nullopt;
+}
+
+struct TelemetryMetric {
+  const char* name;
+  const char* help;
+  std::optional<double> (*value)(const DeviceTelemetry&);
+};
+
+constexpr TelemetryMetric kTelemetry[] = {
+    {"flagosd_device_temperature_celsius",
+     "Device temperature as its management library reports it.",
+     [](const DeviceTelemetry& t) { return t.temperature_celsius; }},
+    {"flagosd_device_power_watts", "Device power draw as its management library reports it.",
+     [](const DeviceTelemetry& t) { return t.power_watts; }},
+    {"flagosd_device_utilization_ratio",
+     "Fraction of the last sample period in which kernels ran, as the device's management "
+     "library reports it.",
+     [](const DeviceTelemetry& t) { return t.utilization; }},
+    {"flagosd_device_reported_memory_total_bytes",
+     "Device memory as its management library reports it.",
+     [](const DeviceTelemetry& t) { return AsDouble(t.memory_total_bytes); }},
+    {"flagosd_device_reported_memory_used_bytes",
+     "Device memory in use as its management library reports it (all processes).",
+     [](const DeviceTelemetry& t) { return AsDouble(t.memory_used_bytes); }},
+};
+
 }  // namespace
 
 // Reads live state at each scrape, then appends the registry's counters.
 class MetricsEndpoint::LiveState final : public prometheus::Collectable {
  public:
   LiveState(const Backend& backend, const SessionRegistry& sessions,
-            const DeviceActivity& activity, const Metrics& metrics)
+            const DeviceActivity& activity, const Metrics& metrics, double start_time_unix)
       : backend_(backend),
         sessions_(sessions),
         activity_(activity),
         metrics_(metrics),
-        start_time_(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())) {}
+        start_time_(start_time_unix) {}
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
@@ -89,24 +119,11 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
         "Time the device's queues spent executing commands (one or more streams at once "
         "count once; on an asynchronous device, issuing them). Utilisation is its rate.",
         MetricType::Counter);
-    MetricFamily temperature = Family("flagosd_device_temperature_celsius",
-                                      "Device temperature as its management library reports it.",
-                                      MetricType::Gauge);
-    MetricFamily power = Family("flagosd_device_power_watts",
-                                "Device power draw as its management library reports it.",
-                                MetricType::Gauge);
-    MetricFamily utilization = Family(
-        "flagosd_device_utilization_ratio",
-        "Fraction of the last sample period in which kernels ran, as the device's management "
-        "library reports it.",
-        MetricType::Gauge);
-    MetricFamily reported_total = Family("flagosd_device_reported_memory_total_bytes",
-                                         "Device memory as its management library reports it.",
-                                         MetricType::Gauge);
-    MetricFamily reported_used = Family(
-        "flagosd_device_reported_memory_used_bytes",
-        "Device memory in use as its management library reports it (all processes).",
-        MetricType::Gauge);
+    // The vendor's figures: one family per DeviceTelemetry field.
+    MetricFamily vendor[std::size(kTelemetry)];
+    for (size_t i = 0; i < std::size(kTelemetry); ++i) {
+      vendor[i] = Family(kTelemetry[i].name, kTelemetry[i].help, MetricType::Gauge);
+    }
     const bool telemetry = runtime.capabilities().Has(Slot::kDeviceTelemetry);
     for (int d = 0; d < runtime.DeviceCount(); ++d) {
       const std::string index = absl::StrCat(d);
@@ -126,21 +143,18 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
       if (!telemetry) continue;
       absl::StatusOr<DeviceTelemetry> t = runtime.GetTelemetry(d);
       if (!t.ok()) continue;
-      if (t->temperature_celsius) Add(temperature, *t->temperature_celsius, {{"device", index}});
-      if (t->power_watts) Add(power, *t->power_watts, {{"device", index}});
-      if (t->utilization) Add(utilization, *t->utilization, {{"device", index}});
-      if (t->memory_total_bytes) {
-        Add(reported_total, static_cast<double>(*t->memory_total_bytes), {{"device", index}});
-      }
-      if (t->memory_used_bytes) {
-        Add(reported_used, static_cast<double>(*t->memory_used_bytes), {{"device", index}});
+      for (size_t i = 0; i < std::size(kTelemetry); ++i) {
+        if (std::optional<double> v = kTelemetry[i].value(*t)) {
+          Add(vendor[i], *v, {{"device", index}});
+        }
       }
     }
-    for (MetricFamily* family : {&total, &used, &reserved, &busy, &temperature, &power,
-                                 &utilization, &reported_total, &reported_used}) {
-      // A family with no samples (no telemetry here) is left out whole.
-      if (!family->metric.empty()) out.push_back(std::move(*family));
-    }
+    // A family with no samples (no telemetry here) is left out whole.
+    const auto keep = [&out](MetricFamily& family) {
+      if (!family.metric.empty()) out.push_back(std::move(family));
+    };
+    for (MetricFamily* family : {&total, &used, &reserved, &busy}) keep(*family);
+    for (MetricFamily& family : vendor) keep(family);
 
     MetricFamily live = Family("flagosd_sessions", "Client sessions live now.", MetricType::Gauge);
     Add(live, static_cast<double>(sessions.size()));
@@ -167,7 +181,7 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& address, const Backend& backend, const SessionRegistry& sessions,
-    const DeviceActivity& activity, const Metrics& metrics) {
+    const DeviceActivity& activity, const Metrics& metrics, double start_time_unix) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos || colon == 0 ||
@@ -178,7 +192,8 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
         "' is not host:port (for example 127.0.0.1:9400 or [::1]:9400; empty disables metrics)"));
   }
   std::unique_ptr<MetricsEndpoint> endpoint(new MetricsEndpoint());
-  endpoint->live_ = std::make_shared<LiveState>(backend, sessions, activity, metrics);
+  endpoint->live_ =
+      std::make_shared<LiveState>(backend, sessions, activity, metrics, start_time_unix);
   try {
     endpoint->exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
   } catch (const std::exception& e) {

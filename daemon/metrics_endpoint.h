@@ -33,7 +33,7 @@ class MetricsEndpoint {
   // Everything passed must outlive the endpoint.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& address, const Backend& backend, const SessionRegistry& sessions,
-      const DeviceActivity& activity, const Metrics& metrics);
+      const DeviceActivity& activity, const Metrics& metrics, double start_time_unix);
   ~MetricsEndpoint();
 
   MetricsEndpoint(const MetricsEndpoint&) = delete;

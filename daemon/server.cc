@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "device_activity.h"
 #include "flagos_service.h"
 #include "health_check.h"
@@ -40,6 +41,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->listen_.push_back(*std::move(endpoint));
   }
 
+  const double start_time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   const int devices = backend->runtime().DeviceCount();
   server->activity_ = std::make_unique<DeviceActivity>(devices);
   if (!options.metrics_listen.empty()) server->metrics_ = std::make_unique<Metrics>(devices);
@@ -47,7 +49,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (server->metrics_ != nullptr) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
         MetricsEndpoint::Start(options.metrics_listen, *backend, *server->registry_,
-                               *server->activity_, *server->metrics_);
+                               *server->activity_, *server->metrics_, start_time);
     if (metrics.ok()) {
       server->metrics_endpoint_ = *std::move(metrics);
     } else if (options.metrics_listen_required) {
@@ -59,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->service_ = std::make_unique<FlagosService>(backend, server->registry_.get(),
                                                      server->activity_.get(),
-                                                     server->metrics_.get());
+                                                     server->metrics_.get(), start_time);
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
     absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(

@@ -296,7 +296,7 @@ void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
     }
     if (waited) ptr = runtime.Malloc(device, nbytes);
   }
-  DeviceMetrics* metrics = metrics_ == nullptr ? nullptr : metrics_->device(device);
+  DeviceMetrics* metrics = MetricsFor(device);
   if (!ptr.ok()) {
     if (metrics != nullptr && absl::IsResourceExhausted(ptr.status())) metrics->CountOutOfMemory();
     return ReplyError(seq, "allocate", ptr.status());
@@ -843,9 +843,12 @@ void Session::ReleaseWhenComplete(int device, StreamHandle backend_stream,
   std::move(*shared)(runtime.SynchronizeStream(device, backend_stream));
 }
 
+DeviceMetrics* Session::MetricsFor(int device) const {
+  return metrics_ == nullptr ? nullptr : metrics_->device(device);
+}
+
 void Session::CountCopy(int device, CopyDirection direction, uint64_t nbytes) {
-  if (metrics_ == nullptr) return;
-  if (DeviceMetrics* metrics = metrics_->device(device)) metrics->CountCopy(direction, nbytes);
+  if (DeviceMetrics* metrics = MetricsFor(device)) metrics->CountCopy(direction, nbytes);
 }
 
 absl::Status Session::CheckRange(const v1::Command& command, int device, uint64_t addr,
@@ -878,7 +881,7 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
   switch (command.kind_case()) {
     case v1::Command::kOp: {
       *reply = command.op().want_values();
-      DeviceMetrics* metrics = metrics_ == nullptr ? nullptr : metrics_->device(device);
+      DeviceMetrics* metrics = MetricsFor(device);
       const auto start = metrics == nullptr ? std::chrono::steady_clock::time_point()
                                             : std::chrono::steady_clock::now();
       absl::Status status = ops_->Run(
@@ -1023,9 +1026,7 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
 void Session::Reply(v1::Completion completion) {
   uint64_t waiting = completion.seq();
   if (waiting != 0 && sync_seq_.compare_exchange_strong(waiting, 0)) {
-    completion.set_errors_before(errors_sent_.load());
-    (void)v1::WriteFrame(sync_fd_, completion);  // a client gone is seen by SyncLoop
-    return;
+    return WriteSyncReply(std::move(completion));
   }
   if (completion.code() != 0) errors_sent_.fetch_add(1);
   reply_(std::move(completion));
@@ -1074,18 +1075,12 @@ void Session::SyncLoop() {
     if (seq == 0 || !v1::OwesReply(command)) {
       // Answered here, on the channel it came on: the client waits on it
       // (a reply by seq would go to the session stream).
-      const absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
-          "command ", seq, " (", CommandKindName(command),
-          ") cannot use the sync channel: only a command with a nonzero seq that owes a reply "
-          "can; send it on the session stream"));
-      LogWarning(absl::StrCat("session ", id_, " (pid ", pid_, "): ", refused.message()));
-      if (metrics_ != nullptr) metrics_->CountCommandError(refused.code());
-      v1::Completion completion;
-      completion.set_seq(seq);
-      completion.set_code(static_cast<int>(refused.code()));
-      completion.set_message(std::string(refused.message()));
-      completion.set_errors_before(errors_sent_.load());
-      (void)v1::WriteFrame(sync_fd_, completion);
+      WriteSyncReply(ErrorCompletion(
+          seq, CommandKindName(command),
+          absl::InvalidArgumentError(absl::StrCat(
+              "command ", seq, " (", CommandKindName(command),
+              ") cannot use the sync channel: only a command with a nonzero seq that owes a "
+              "reply can; send it on the session stream"))));
       continue;
     }
     sync_seq_.store(seq);
@@ -1099,7 +1094,13 @@ void Session::SyncLoop() {
   }
 }
 
-void Session::ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status) {
+void Session::WriteSyncReply(v1::Completion completion) {
+  completion.set_errors_before(errors_sent_.load());
+  (void)v1::WriteFrame(sync_fd_, completion);  // a client gone is seen by SyncLoop
+}
+
+v1::Completion Session::ErrorCompletion(uint64_t seq, absl::string_view kind,
+                                        const absl::Status& status) {
   LogWarning(absl::StrCat("session ", id_, " (pid ", pid_, "): command ", seq, " (", kind,
                           ") failed: ", StatusCodeName(static_cast<int>(status.code())), ": ",
                           status.message()));
@@ -1108,7 +1109,11 @@ void Session::ReplyError(uint64_t seq, absl::string_view kind, const absl::Statu
   completion.set_seq(seq);
   completion.set_code(static_cast<int>(status.code()));
   completion.set_message(std::string(status.message()));
-  Reply(std::move(completion));
+  return completion;
+}
+
+void Session::ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status) {
+  Reply(ErrorCompletion(seq, kind, status));
 }
 
 absl::Status Session::DrainDefaultStream(int device) {

@@ -169,6 +169,8 @@ class Session {
   absl::StatusOr<std::shared_ptr<StagingRegion>> Staging(const v1::Command& command) const;
   // Frees the staging chunk of a staged copy_to_device that will not run.
   void ReleaseStagedUpload(const v1::Command& command);
+  // The counters of `device`; null when metrics are off.
+  DeviceMetrics* MetricsFor(int device) const;
   // Counts a copy command's bytes (when metrics are on).
   void CountCopy(int device, CopyDirection direction, uint64_t nbytes);
   // OK when [addr, addr + nbytes) lies inside one segment of `device`.
@@ -185,6 +187,10 @@ class Session {
   // error a stream synchronisation reported.
   void AfterQueuedWork(int device, std::function<void(absl::Status)> action);
   void ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // The error completion for command `seq` (logged and counted).
+  v1::Completion ErrorCompletion(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // Sends `completion` on the sync channel, with the errors sent before it.
+  void WriteSyncReply(v1::Completion completion);
   // Waits for the session's work on `device`'s default stream (shared with
   // other sessions) and for its host functions.
   absl::Status DrainDefaultStream(int device);
