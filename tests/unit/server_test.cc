@@ -151,11 +151,14 @@ class RawSession {
     stream_ = stub->Session(&context_);
   }
 
-  uint64_t Open() {
+  uint64_t Open(const std::string& client = "server_test", const std::string& torch_version = "",
+                const std::string& command_line = "") {
     v1::ClientMessage message;
     message.mutable_open()->set_version(1);
     message.mutable_open()->set_pid(getpid());
-    message.mutable_open()->set_client("server_test");
+    message.mutable_open()->set_client(client);
+    message.mutable_open()->set_torch_version(torch_version);
+    message.mutable_open()->set_command_line(command_line);
     EXPECT_TRUE(stream_->Write(message));
     v1::ServerMessage reply;
     EXPECT_TRUE(stream_->Read(&reply));
@@ -488,6 +491,30 @@ TEST_F(ServerTest, EnumArgumentsOutOfRangeAreRefusedNotCrashed) {
     EXPECT_TRUE(absl::StrContains(errors[i].message(), expected[i])) << errors[i].message();
   }
   // Alive, and serving.
+  EXPECT_EQ(session.Call(CopyFrom(addr, 16)).code(), 0);
+}
+
+// A client's free text reaches operators' terminals (flagos-smi) and every
+// GetStats reply: huge or hostile text is cut and made printable at `open`.
+TEST_F(ServerTest, ClientTextIsCappedAndMadePrintable) {
+  RawSession session(stub_.get());
+  const std::string escape = "\x1b[2J\x1b]0;owned\x07\n";
+  session.Open(escape + std::string(140 << 20, 'n'), escape + std::string(1 << 20, 'v'),
+               escape + std::string(8 << 20, 'c'));
+  v1::GetStatsResponse stats = Stats();
+  ASSERT_EQ(stats.sessions_size(), 1);
+  const v1::SessionInfo& info = stats.sessions(0);
+  EXPECT_EQ(info.client().size(), 256u);
+  EXPECT_EQ(info.torch_version().size(), 64u);
+  EXPECT_EQ(info.command_line().size(), 4096u);
+  for (const std::string* text : {&info.client(), &info.torch_version(), &info.command_line()}) {
+    EXPECT_TRUE(absl::EndsWith(*text, "..."));
+    for (char c : *text) {
+      ASSERT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7f) << "a control character";
+    }
+  }
+  // Served on.
+  const uint64_t addr = session.AllocateOk(16);
   EXPECT_EQ(session.Call(CopyFrom(addr, 16)).code(), 0);
 }
 
