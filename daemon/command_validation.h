@@ -22,6 +22,10 @@ inline constexpr uint32_t kMaxOpId = (1u << 31) - 1;
 // register_op: bytes of name and overload together (ATen's longest is under
 // 100); a longer name is refused without being echoed whole.
 inline constexpr size_t kMaxOpNameBytes = 256;
+// register_op: bytes of the client's schema (ATen's longest prints in about
+// 600) and its bracket nesting (ATen's deepest is 2).
+inline constexpr size_t kMaxOpSchemaBytes = 4096;
+inline constexpr int kMaxOpSchemaNesting = 8;
 // A copy_from_device reply must fit a 256 MiB gRPC message.
 inline constexpr uint64_t kMaxCopyFromDeviceBytes = 128ull << 20;
 

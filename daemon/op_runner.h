@@ -58,11 +58,15 @@ class OpRunner {
   virtual ~OpRunner() = default;
 
   // Resolves aten op `name`.`overload` and records it under `op_id`, with
-  // its route on this backend.
+  // its route on this backend, if `schema` (the client's, from its torch
+  // `client_torch_version`) is flagosd's own (op_schema_match.h).
   // INVALID_ARGUMENT for op id 0, >= 2^31 or already registered; NOT_FOUND
-  // when no such operator exists in this flagosd's torch.
+  // when no such operator exists in this flagosd's torch;
+  // FAILED_PRECONDITION when the schemas differ; PERMISSION_DENIED for an
+  // operator flagosd does not serve.
   virtual absl::Status Register(uint32_t op_id, const std::string& name,
-                                const std::string& overload) = 0;
+                                const std::string& overload, const std::string& schema,
+                                const std::string& client_torch_version) = 0;
 
   // Runs `call` on `device`, ordered on `stream`, by the op's route
   // (Backend::routes(): native kernels, or cpu_fallback: operands copied

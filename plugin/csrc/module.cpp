@@ -41,6 +41,7 @@ py::dict DeviceDict(const flagos::v1::DeviceInfo& d) {
 py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
   py::dict out;
   out["backend"] = stats.backend();
+  out["torch_version"] = stats.torch_version();
   out["sessions_total"] = stats.sessions_total();
   py::list devices;
   for (const auto& d : stats.devices()) devices.append(DeviceDict(d));
@@ -52,6 +53,7 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
     session["pid"] = s.pid();
     session["uid"] = s.uid();
     session["client"] = s.client();
+    session["torch_version"] = s.torch_version();
     session["segment_bytes"] = s.segment_bytes();
     session["segments"] = s.segments();
     session["commands"] = s.commands();
@@ -92,9 +94,18 @@ void TestBadCommand(const std::string& kind) {
     ref->add_sizes(4);
     ref->add_strides(1);  // two sizes, one stride
     ref->set_dtype(static_cast<int32_t>(c10::ScalarType::Float));
+  } else if (kind == "altered_schema") {
+    // As a client on another torch whose aten::add.Tensor defaulted alpha
+    // to 2 would register it.
+    auto* reg = command.mutable_register_op();
+    reg->set_op_id(0x7ffffff1);
+    reg->set_name("aten::add");
+    reg->set_overload("Tensor");
+    reg->set_schema("aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=2) -> Tensor");
   } else {
     TORCH_CHECK(false, "unknown bad-command kind '", kind,
-                "' (address_outside_segments, unknown_op_id, malformed_tensor_ref)");
+                "' (address_outside_segments, unknown_op_id, malformed_tensor_ref, "
+                "altered_schema)");
   }
   Call(std::move(command), "test command (" + kind + ")");
 }

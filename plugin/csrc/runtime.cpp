@@ -1,5 +1,6 @@
 #include "runtime.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
 
@@ -165,6 +166,11 @@ uint32_t OpId(const std::string& name, const std::string& overload) {
     reg->set_op_id(id);
     reg->set_name(name);
     reg->set_overload(overload);
+    // The daemon refuses the op unless its torch has this schema (arguments
+    // travel in schema order; another torch minor may have changed them).
+    if (auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(name, overload))) {
+      reg->set_schema(c10::toString(handle->schema()));
+    }
     connection.Enqueue(std::move(command), "register " + key);
   }
   return id;

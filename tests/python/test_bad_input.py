@@ -16,6 +16,7 @@ BAD_COMMANDS = {
     "address_outside_segments": ("segment", "address"),
     "unknown_op_id": ("op",),
     "malformed_tensor_ref": ("tensor", "stride", "size", "rank"),
+    "altered_schema": ("schema",),
 }
 
 
@@ -40,6 +41,29 @@ def test_daemon_keeps_serving_after_a_bad_command(kind: str) -> None:
     with pytest.raises(RuntimeError):
         torch_fl._C._test_bad_command(kind)
     assert_daemon_still_serves()
+
+
+def test_an_op_whose_schema_differs_in_the_clients_torch_is_refused() -> None:
+    # Version skew: a client on another torch minor whose schema for an op
+    # changed would have its arguments read in the wrong places.
+    torch.ones(1, device="flagos")
+    with pytest.raises(RuntimeError) as info:
+        torch_fl._C._test_bad_command("altered_schema")
+    daemon_torch = torch_fl._C._daemon_info()["torch_version"]
+    client_torch = torch.__version__.split("+")[0]
+    own = str(torch.ops.aten.add.Tensor._schema)
+    assert (
+        "register_op aten::add.Tensor: the client's schema differs from flagosd's, so its "
+        "arguments would be read in the wrong places. client (torch " + client_torch + "): "
+        "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=2) -> Tensor; "
+        "flagosd (torch " + daemon_torch + "): " + own + "."
+    ) in str(info.value)
+    # The session goes on, and add itself (registered with its real schema) works.
+    assert_daemon_still_serves()
+    torch.testing.assert_close(
+        torch.add(torch.ones(2, device="flagos"), torch.ones(2, device="flagos")).cpu(),
+        torch.full((2,), 2.0),
+    )
 
 
 def test_unknown_bad_command_kind_is_rejected_by_the_hook() -> None:
