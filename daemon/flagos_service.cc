@@ -26,12 +26,14 @@ std::string VersionRange(uint32_t min, uint32_t max) {
 }  // namespace
 
 FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
-                             DeviceActivity* activity, Metrics* metrics, double start_time_unix)
+                             DeviceActivity* activity, Metrics* metrics, double start_time_unix,
+                             size_t max_pending_opens, absl::Duration open_deadline)
     : backend_(*backend),
       registry_(*registry),
       activity_(*activity),
       metrics_(metrics),
-      start_time_(start_time_unix) {}
+      start_time_(start_time_unix),
+      pending_opens_(max_pending_opens, open_deadline) {}
 
 grpc::Status FlagosService::Counted(grpc::Status status) const {
   if (!status.ok() && metrics_ != nullptr) metrics_->CountRpcError(status.error_code());
@@ -113,9 +115,17 @@ grpc::Status FlagosService::Session(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) {
   v1::ClientMessage message;
-  if (!stream->Read(&message)) {
-    return Counted(
-        grpc::Status(grpc::StatusCode::CANCELLED, "the session stream ended before `open`"));
+  {
+    // Until `open` arrives the stream holds a thread outside --max-sessions.
+    absl::StatusOr<PendingOpens::Ticket> waiting =
+        pending_opens_.Enter([context] { context->TryCancel(); });
+    if (!waiting.ok()) return Counted(ToGrpc(waiting.status()));
+    if (!stream->Read(&message)) {
+      return Counted(grpc::Status(
+          grpc::StatusCode::CANCELLED,
+          waiting->expired() ? "no `open` within the deadline; the stream was cancelled"
+                             : "the session stream ended before `open`"));
+    }
   }
   if (!message.has_open()) {
     return Counted(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

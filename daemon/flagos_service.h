@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "device_activity.h"
 #include "metrics.h"
+#include "pending_opens.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "session_registry.h"
 
@@ -23,12 +24,18 @@ class FlagosService final : public v1::Flagos::Service {
  public:
   // All must outlive the service; `metrics` may be null (metrics off).
   // `start_time_unix`: when the daemon started (GetStats reports it).
+  // At most `max_pending_opens` streams wait for their `open` at once, each
+  // for at most `open_deadline` (PendingOpens).
   FlagosService(const Backend* backend, SessionRegistry* registry, DeviceActivity* activity,
-                Metrics* metrics, double start_time_unix);
+                Metrics* metrics, double start_time_unix, size_t max_pending_opens,
+                absl::Duration open_deadline);
 
   // The staging socket offered to sessions opened over a unix socket (empty:
   // none). Call before the server starts.
   void set_staging_socket(std::string path) { staging_socket_ = std::move(path); }
+
+  // Streams waiting for their `open`.
+  size_t pending_opens() const { return pending_opens_.waiting(); }
 
   grpc::Status Negotiate(grpc::ServerContext* context, const v1::NegotiateRequest* request,
                          v1::NegotiateResponse* response) override;
@@ -54,6 +61,7 @@ class FlagosService final : public v1::Flagos::Service {
   Metrics* const metrics_;
   const double start_time_;  // seconds since the epoch
   std::string staging_socket_;
+  PendingOpens pending_opens_;
 };
 
 }  // namespace flagos::daemon

@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/util/Flags.h>
 #include <c10/util/strides.h>
 
 #include <algorithm>
@@ -31,6 +32,10 @@
 #include "flagos/op_executor.h"
 #include "host_mirror.h"
 #include "op_routes.h"
+#include "op_schema_match.h"
+
+// c10's CPU allocator (c10/core/impl/alloc_cpu.cpp).
+C10_DECLARE_bool(caffe2_cpu_allocator_do_zero_fill);
 
 namespace flagos::daemon {
 namespace {
@@ -993,8 +998,9 @@ class OpRunnerImpl final : public OpRunner {
     for (auto& slot : dense_) slot.store(nullptr, std::memory_order_relaxed);
   }
 
-  absl::Status Register(uint32_t op_id, const std::string& name,
-                        const std::string& overload) override {
+  absl::Status Register(uint32_t op_id, const std::string& name, const std::string& overload,
+                        const std::string& schema,
+                        const std::string& client_torch_version) override {
     if (name.size() + overload.size() > kMaxOpNameBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "register_op: an operator name of ", name.size() + overload.size(),
@@ -1013,9 +1019,15 @@ class OpRunnerImpl final : public OpRunner {
       return absl::InternalError(absl::StrCat("register_op ", full_name, ": ", e.what()));
     }
     if (!handle.has_value()) {
-      return absl::NotFoundError(absl::StrCat("operator ", full_name,
-                                              " is not registered in flagosd's torch ",
-                                              TorchVersion()));
+      return absl::NotFoundError(absl::StrCat(
+          "operator ", full_name, " is not registered in flagosd's torch ", TorchVersion(),
+          " (the client's is ", client_torch_version.empty() ? "unknown" : client_torch_version,
+          ")"));
+    }
+    if (absl::Status s = CheckClientSchema(handle->schema(), schema, client_torch_version,
+                                           full_name);
+        !s.ok()) {
+      return s;
     }
     if (absl::Status s = CheckServable(handle->schema(), full_name); !s.ok()) return s;
     std::string registered_name = OpName(handle->operator_name());
@@ -1347,6 +1359,11 @@ class OpRunnerImpl final : public OpRunner {
 }  // namespace
 
 std::unique_ptr<OpRunner> OpRunner::Create(const Backend& backend) {
+  // Every host buffer ATen hands a kernel (results, out= scratch, the
+  // cpu_fallback route's copies) starts as zeroes: the daemon's heap holds
+  // other sessions' bytes, and a kernel may leave part of its output unwritten
+  // (aten::empty writes none of it).
+  FLAGS_caffe2_cpu_allocator_do_zero_fill = true;
   return std::make_unique<OpRunnerImpl>(backend);
 }
 

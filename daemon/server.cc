@@ -61,7 +61,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->service_ = std::make_unique<FlagosService>(backend, server->registry_.get(),
                                                      server->activity_.get(),
-                                                     server->metrics_.get(), start_time);
+                                                     server->metrics_.get(), start_time,
+                                                     options.max_pending_opens,
+                                                     options.open_deadline);
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
     absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(
@@ -114,6 +116,8 @@ std::string Server::metrics_url() const {
 }
 
 size_t Server::session_count() const { return registry_->Snapshot().size(); }
+
+size_t Server::pending_opens() const { return service_->pending_opens(); }
 
 absl::Status Server::CheckHealth(absl::Duration timeout) { return health_->Check(timeout); }
 

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "backend.h"
 #include "listen_endpoint.h"
+#include "pending_opens.h"
 
 namespace grpc {
 class Server;
@@ -38,6 +39,10 @@ inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9400";
 struct ServerOptions {
   std::vector<std::string> listen = {kDefaultListen};
   int max_sessions = 256;
+  // Streams waiting for their `open` at once, and how long each may wait
+  // (PendingOpens).
+  size_t max_pending_opens = kMaxPendingOpens;
+  absl::Duration open_deadline = kOpenDeadline;
   // Where /metrics is served (host:port); empty: no metrics endpoint, and
   // the command path counts nothing for it.
   std::string metrics_listen;
@@ -73,6 +78,8 @@ class Server {
   Metrics* metrics() const { return metrics_.get(); }
   // Live sessions.
   size_t session_count() const;
+  // Streams waiting for their `open`.
+  size_t pending_opens() const;
   // HealthCheck::Check: every device queue and the listener answer within
   // `timeout`.
   absl::Status CheckHealth(absl::Duration timeout);

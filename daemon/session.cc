@@ -210,7 +210,7 @@ void Session::Dispatch(v1::Command command, bool ordered) {
   switch (command.kind_case()) {
     case v1::Command::kRegisterOp: {
       const v1::RegisterOp& r = command.register_op();
-      if (absl::Status s = ops_->Register(r.op_id(), r.name(), r.overload()); !s.ok()) {
+      if (absl::Status s = ops_->Register(r.op_id(), r.name(), r.overload(), r.schema(), torch_version_); !s.ok()) {
         ReplyError(seq, kind, s);
       }
       return;
@@ -301,6 +301,12 @@ void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
     if (metrics != nullptr && absl::IsResourceExhausted(ptr.status())) metrics->CountOutOfMemory();
     return ReplyError(seq, "allocate", ptr.status());
   }
+  if (absl::Status s = ClearNewSegment(device, *ptr, nbytes); !s.ok()) {
+    (void)runtime.Free(device, *ptr);
+    return ReplyError(seq, "allocate",
+                      absl::Status(s.code(), absl::StrCat("clearing the new segment of ", nbytes,
+                                                          " bytes: ", s.message())));
+  }
   if (absl::Status s = segments_.Insert(device, *ptr, nbytes); !s.ok()) {
     (void)runtime.Free(device, *ptr);
     return ReplyError(seq, "allocate",
@@ -313,6 +319,24 @@ void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
   completion.set_seq(seq);
   completion.set_addr(*ptr);
   Reply(std::move(completion));
+}
+
+absl::Status Session::ClearNewSegment(int device, DevicePtr ptr, uint64_t nbytes) {
+  DeviceRuntime& runtime = backend_.runtime();
+  if (runtime.MallocReturnsZeroes()) return absl::OkStatus();
+  StreamHandle stream = 0;
+  {
+    absl::MutexLock lock(&clear_mu_);
+    auto it = clear_streams_.find(device);
+    if (it == clear_streams_.end()) {
+      absl::StatusOr<StreamHandle> created = runtime.CreateStream(device);
+      if (!created.ok()) return created.status();
+      it = clear_streams_.emplace(device, *created).first;
+    }
+    stream = it->second;
+  }
+  if (absl::Status s = runtime.Memset(device, stream, ptr, 0, nbytes); !s.ok()) return s;
+  return runtime.SynchronizeStream(device, stream);
 }
 
 void Session::ScheduleFree(uint64_t seq, int device, DevicePtr addr) {
@@ -1161,6 +1185,15 @@ Session::CloseSummary Session::Close() {
       s = DrainDefaultStream(state->device);
     }
     if (!s.ok()) LogWarning(absl::StrCat("session ", id_, ": ", s.message()));
+  }
+  {
+    absl::MutexLock lock(&clear_mu_);
+    for (auto& [device, stream] : clear_streams_) {
+      if (absl::Status s = runtime.DestroyStream(device, stream); !s.ok()) {
+        LogWarning(absl::StrCat("session ", id_, ": ", s.message()));
+      }
+    }
+    clear_streams_.clear();
   }
   // Every record task has run or was dropped: releasing the table destroys
   // the backend events.

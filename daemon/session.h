@@ -134,6 +134,9 @@ class Session {
     StreamHandle backend_stream = 0;
     std::unique_ptr<StreamQueue> queue;
   };
+  // ClearNewSegment's streams, by device (destroyed at Close).
+  absl::Mutex clear_mu_;
+  absl::flat_hash_map<int, StreamHandle> clear_streams_ ABSL_GUARDED_BY(clear_mu_);
 
   // `ordered`: the command came on the session stream and must follow the
   // previous one's seq (sync-channel commands are ordered by after_seq).
@@ -145,6 +148,11 @@ class Session {
   // command waiting there, else to the session stream.
   void Reply(v1::Completion completion);
   void Allocate(uint64_t seq, int device, uint64_t nbytes);
+  // Zeroes a new segment before the client learns its address (unless the
+  // runtime's Malloc returns zeroes): a device's allocator hands out memory
+  // other sessions freed. On a stream of the session's own per device, so
+  // that it waits for nothing else.
+  absl::Status ClearNewSegment(int device, DevicePtr ptr, uint64_t nbytes);
   void ScheduleFree(uint64_t seq, int device, DevicePtr addr);
   void ExecuteFree(uint64_t seq, int device, DevicePtr addr);
   void Enqueue(v1::Command command);

@@ -314,6 +314,9 @@ class CpuRuntime final : public DeviceRuntime {
     return Device(device).status();
   }
 
+  // Each allocation is a fresh anonymous mapping: the kernel's zero pages.
+  bool MallocReturnsZeroes() const override { return true; }
+
   absl::StatusOr<DevicePtr> Malloc(int device, uint64_t nbytes) override {
     absl::StatusOr<CpuDevice*> d = Device(device);
     if (!d.ok()) return d.status();

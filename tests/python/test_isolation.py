@@ -126,3 +126,41 @@ def test_killed_client_releases_its_memory_and_session(
 
     assert wait_for(lambda: used_memory() == baseline), (used_memory(), baseline)
     assert wait_for(lambda: report["session"] not in session_ids()), session_ids()
+
+
+# Process B for the clearing test: fills 16 MiB with a marker, reports where,
+# waits to be killed.
+MARKER_HOLDER = """
+import json, sys, torch, torch_fl
+marker = torch.full((16 << 20,), 0x5A, dtype=torch.uint8, device="flagos")
+torch.flagos.synchronize()
+print(json.dumps({"addr": marker.data_ptr(), "nbytes": marker.nbytes}), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_new_segment_never_holds_another_sessions_bytes(
+    own_session: int, spawn_python, read_line
+) -> None:
+    # A device's allocator hands out memory another session freed (the fake
+    # libxpurt's does, like a real one): flagosd clears it first.
+    baseline = used_memory()
+    proc = spawn_python(MARKER_HOLDER)
+    line = read_line(proc)
+    if not line:
+        proc.kill()
+        pytest.fail(f"process B failed before reporting:\n{proc.communicate(timeout=30)[1]}")
+    marker = json.loads(line)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert wait_for(lambda: used_memory() == baseline), (used_memory(), baseline)
+
+    torch.flagos.empty_cache()  # this process's next block is a new segment
+    fresh = torch.empty(16 << 20, dtype=torch.uint8, device="flagos")
+    start, end = fresh.data_ptr(), fresh.data_ptr() + fresh.nbytes
+    overlaps = start < marker["addr"] + marker["nbytes"] and marker["addr"] < end
+    values = fresh.cpu()
+    assert int(values.count_nonzero()) == 0, (
+        f"a new segment holds {int((values == 0x5A).sum())} marker bytes of a dead session "
+        f"(its memory {'overlaps' if overlaps else 'does not overlap'} the marker's)"
+    )

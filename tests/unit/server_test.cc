@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "cpu_kernel_facts.h"
+#include "op_schema_match.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 
 namespace flagos::daemon {
@@ -30,6 +31,7 @@ constexpr int kLong = 4;
 constexpr uint64_t kDeviceMemory = 64ull << 20;
 constexpr int kInvalidArgument = static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT);
 constexpr int kNotFound = static_cast<int>(grpc::StatusCode::NOT_FOUND);
+constexpr int kFailedPrecondition = static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION);
 constexpr int kResourceExhausted = static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED);
 
 std::string FloatBytes(std::initializer_list<float> values) {
@@ -122,6 +124,8 @@ v1::Command RegisterOp(uint32_t op_id, const std::string& name, const std::strin
   command.mutable_register_op()->set_op_id(op_id);
   command.mutable_register_op()->set_name(name);
   command.mutable_register_op()->set_overload(overload);
+  // As torch_fl does: the schema of the op in this (the daemon's) torch.
+  command.mutable_register_op()->set_schema(OwnSchemaText(name, overload).value_or(""));
   return command;
 }
 
@@ -250,6 +254,8 @@ class ServerTest : public ::testing::Test {
     ServerOptions server_options;
     server_options.listen = {endpoint_};
     server_options.max_sessions = 4;
+    server_options.max_pending_opens = 3;
+    server_options.open_deadline = absl::Seconds(2);
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -492,6 +498,78 @@ TEST_F(ServerTest, EnumArgumentsOutOfRangeAreRefusedNotCrashed) {
   }
   // Alive, and serving.
   EXPECT_EQ(session.Call(CopyFrom(addr, 16)).code(), 0);
+}
+
+// Streams that never send `open` hold a server thread each, outside
+// --max-sessions: at most max_pending_opens wait at once, each until the
+// open deadline, then they are cancelled and others are served.
+TEST_F(ServerTest, StreamsThatNeverOpenAreBoundedAndCancelled) {
+  std::vector<std::unique_ptr<RawSession>> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(std::make_unique<RawSession>(stub_.get()));
+  for (int i = 0; i < 200 && server_->pending_opens() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(server_->pending_opens(), 3u);
+
+  RawSession refused(stub_.get());
+  v1::ServerMessage reply;
+  EXPECT_FALSE(refused.stream().Read(&reply));
+  grpc::Status status = refused.stream().Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message(),
+            "3 connections are waiting to open a session already (each may wait 2s for its "
+            "`open`); try again");
+
+  for (auto& stream : idle) {  // cancelled at the deadline, with no help from the client
+    EXPECT_FALSE(stream->stream().Read(&reply));
+    EXPECT_EQ(stream->stream().Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  idle.clear();
+  RawSession served(stub_.get());
+  served.Open();
+  EXPECT_NE(served.AllocateOk(64), 0u);
+  EXPECT_EQ(server_->pending_opens(), 0u);
+}
+
+// Finding 3 of the untrusted-client review: memory a kernel gets from the
+// daemon's heap held other sessions' bytes (aten::empty writes nothing). B
+// moves marker bytes through host tensors; A's empty, returned by value and
+// into its own segment through out= scratch, holds zeroes.
+TEST_F(ServerTest, NoSessionSeesBytesItDidNotWrite) {
+  constexpr int kBytes = 64 << 10;  // below malloc's mmap threshold: heap reuse
+  constexpr int kUint8 = 0;         // c10::ScalarType::Byte
+  const std::string marker(kBytes, '\x5a');
+  {
+    RawSession b(stub_.get());
+    b.Open("b");
+    const uint64_t addr = b.AllocateOk(kBytes);
+    std::vector<v1::Command> commands = {CopyTo(addr, marker), RegisterOp(1, "aten::clone", "")};
+    std::vector<v1::Completion> errors = b.RunAndSync(std::move(commands));
+    for (const v1::Completion& e : errors) ADD_FAILURE() << e.message();
+    for (int i = 0; i < 32; ++i) {  // host tensors of B's bytes, made and freed
+      v1::Completion c = b.Call(Op(1, {TensorValue(Ref(addr, {kBytes}, kUint8))}, {}, true));
+      ASSERT_EQ(c.code(), 0) << c.message();
+      ASSERT_EQ(c.values(0).host_tensor().data(), marker);
+    }
+  }
+  RawSession a(stub_.get());
+  a.Open("a");
+  const uint64_t addr = a.AllocateOk(kBytes);
+  v1::Value sizes;
+  sizes.mutable_ints()->add_values(kBytes);
+  a.Send({RegisterOp(1, "aten::empty", "memory_format"), RegisterOp(2, "aten::empty", "out")});
+  for (int i = 0; i < 32; ++i) {
+    v1::Completion c = a.Call(Op(1, {sizes, IntValue(kUint8)}, {}, true));
+    ASSERT_EQ(c.code(), 0) << c.message();
+    const std::string& bytes = c.values(0).host_tensor().data();
+    ASSERT_EQ(bytes.size(), static_cast<size_t>(kBytes));
+    ASSERT_EQ(bytes.find('\x5a'), std::string::npos) << "aten::empty returned B's bytes";
+  }
+  std::vector<v1::Completion> errors =
+      a.RunAndSync({Op(2, {sizes, NoneValue(), TensorValue(Ref(addr, {kBytes}, kUint8))}, {})});
+  for (const v1::Completion& e : errors) ADD_FAILURE() << e.message();
+  EXPECT_EQ(a.Call(CopyFrom(addr, kBytes)).data().find('\x5a'), std::string::npos)
+      << "empty.out wrote B's bytes into A's segment";
 }
 
 // A client's free text reaches operators' terminals (flagos-smi) and every
@@ -873,7 +951,83 @@ TEST_F(ServerTest, UnknownOperatorIsNotFound) {
   EXPECT_EQ(completion.code(), kNotFound);
   EXPECT_EQ(completion.message(), absl::StrCat("operator aten::no_such_op.Tensor is not registered "
                                                "in flagosd's torch ",
-                                               TorchVersion()));
+                                               TorchVersion(), " (the client's is unknown)"));
+}
+
+v1::Command RegisterOpWithSchema(uint32_t op_id, const std::string& name,
+                                 const std::string& overload, const std::string& schema) {
+  v1::Command command = RegisterOp(op_id, name, overload);
+  command.mutable_register_op()->set_schema(schema);
+  return command;
+}
+
+// Version skew: a client whose torch has another schema for an op is refused
+// at register_op, with both schemas and both torch versions; a schema that
+// differs only in argument names (which never travel) is the same op.
+TEST_F(ServerTest, RegisterOpAdmitsOnlyTheDaemonsSchema) {
+  RawSession session(stub_.get());
+  session.Open("server_test", "2.99.0");
+  const std::string own = OwnSchemaText("aten::add", "Tensor").value();
+  ASSERT_EQ(own, "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor");
+
+  // alpha's default changed: a client omitting it would mean 2, the daemon 1.
+  const std::string other_default =
+      "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=2) -> Tensor";
+  v1::Completion refused =
+      session.Call(RegisterOpWithSchema(1, "aten::add", "Tensor", other_default));
+  EXPECT_EQ(refused.code(), kFailedPrecondition);
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("register_op aten::add.Tensor: the client's schema differs from "
+                         "flagosd's, so its arguments would be read in the wrong places. client "
+                         "(torch 2.99.0): ",
+                         other_default, "; flagosd (torch ", TorchVersion(), "): ", own,
+                         ". Use a torch_fl built against flagosd's torch, or a flagosd built "
+                         "against the client's"));
+  // Re-typed, positional or missing arguments, other aliasing or returns and
+  // text that does not parse are refused too.
+  for (const std::string& schema : {
+           std::string("aten::add.Tensor(Tensor self, int other, *, Scalar alpha=1) -> Tensor"),
+           std::string("aten::add.Tensor(Tensor self, Scalar other, *, Scalar alpha=1) -> Tensor"),
+           std::string("aten::add.Tensor(Tensor self, Tensor other, Scalar alpha=1) -> Tensor"),
+           std::string("aten::add.Tensor(Tensor self, Tensor other) -> Tensor"),
+           std::string("aten::add.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> "
+                       "Tensor(a!)"),
+           std::string("aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> "
+                       "(Tensor, Tensor)"),
+           std::string("not a schema ((("),
+       }) {
+    v1::Completion c = session.Call(RegisterOpWithSchema(2, "aten::add", "Tensor", schema));
+    EXPECT_EQ(c.code(), kFailedPrecondition) << schema;
+    EXPECT_TRUE(absl::StrContains(c.message(), "the client's schema differs")) << c.message();
+  }
+  // Bad schemas are refused before anything parses them.
+  v1::Completion empty = session.Call(RegisterOpWithSchema(3, "aten::add", "Tensor", ""));
+  EXPECT_EQ(empty.code(), kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(empty.message(), "register_op aten::add.Tensor: no schema"))
+      << empty.message();
+  v1::Completion huge = session.Call(
+      RegisterOpWithSchema(3, "aten::add", "Tensor", own + std::string(1 << 20, ' ')));
+  EXPECT_EQ(huge.code(), kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(huge.message(), "the limit is 4096")) << huge.message();
+  v1::Completion deep = session.Call(RegisterOpWithSchema(
+      3, "aten::add", "Tensor",
+      absl::StrCat("aten::add.Tensor(", std::string(1000, '('), "Tensor self) -> Tensor")));
+  EXPECT_EQ(deep.code(), kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(deep.message(), "nests brackets deeper than 8")) << deep.message();
+
+  // Other argument names: admitted, and the op runs.
+  const uint64_t addr = session.AllocateOk(48);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      CopyTo(addr, FloatBytes({1, 2, 3, 4, 10, 20, 30, 40})),
+      RegisterOpWithSchema(4, "aten::add", "Tensor",
+                           "aten::add.Tensor(Tensor input, Tensor other, *, Scalar scale=1) -> "
+                           "Tensor"),
+      Op(4, {TensorValue(Ref(addr, {2, 2})), TensorValue(Ref(addr + 16, {2, 2})), IntValue(2)},
+         {Ref(addr + 32, {2, 2})}),
+  });
+  for (const v1::Completion& e : errors) ADD_FAILURE() << e.seq() << ": " << e.message();
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 32, 16)).data()),
+            (std::vector<float>{21, 42, 63, 84}));
 }
 
 TEST_F(ServerTest, SequenceNumbersMustIncrease) {
@@ -1059,8 +1213,6 @@ v1::Command SyncStream(int device, uint64_t stream) {
   command.mutable_sync()->set_stream_only(true);
   return command;
 }
-
-constexpr int kFailedPrecondition = static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION);
 
 TEST_F(ServerTest, WaitEventOrdersAnotherStreamAfterTheRecord) {
   RawSession session(stub_.get());

@@ -180,8 +180,13 @@ class DeviceRuntime {
 
   // ---- memory (synchronous)
   // RESOURCE_EXHAUSTED when the device cannot hold `nbytes` more. The
-  // memory's contents are unspecified.
+  // memory's contents are unspecified (a device's allocator hands out what
+  // another session freed) unless MallocReturnsZeroes(); flagosd clears
+  // it before a session sees it.
   virtual absl::StatusOr<DevicePtr> Malloc(int device, uint64_t nbytes) = 0;
+  // True when every Malloc returns memory of zeroes (never used before), so
+  // flagosd need not clear it.
+  virtual bool MallocReturnsZeroes() const { return false; }
   // REQUIRES: `ptr` was returned by Malloc(device, ...), is not freed since,
   // and no incomplete work uses it.
   virtual absl::Status Free(int device, DevicePtr ptr) = 0;
