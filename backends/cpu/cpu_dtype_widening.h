@@ -45,7 +45,7 @@ struct DtypeWidening {
   c10::ScalarType missing;   // a dtype CUDA's kernel has and the CPU's lacks
   c10::ScalarType compute;   // the dtype the CPU kernel runs in instead
   bool integer_scalars;      // Scalar arguments truncated to integers first
-  const char* cuda;          // what CUDA does, for docs/reference/dtype-widening.md
+  const char* cuda;          // what CUDA does (the page has each row's semantics)
 };
 
 // The declared table, in operator order.
