@@ -356,8 +356,9 @@ class Sweeper:
                     event = worker.event(max(0.0, deadline - time.monotonic()))
                     kind = event["event"]
                     if kind == "plan":
-                        remaining = [(d, bool(b)) for d, b, _ in event["dtypes"]]
-                        references = {d: ref for d, _, ref in event["dtypes"]}
+                        # [dtype, backward] or [dtype, backward, reference] (CUDA's extra dtypes).
+                        remaining = [(p[0], bool(p[1])) for p in event["dtypes"]]
+                        references = {p[0]: p[2] if len(p) > 2 else "" for p in event["dtypes"]}
                         if not any(not ref for ref in references.values()) and not results:
                             supported = ", ".join(event["supported"]) or "nothing"
                             results.append(PairResult(entry, "-", FORWARD, SKIPPED_ON_CPU,
