@@ -1,4 +1,6 @@
 #include "cpu_op_executor.h"
+
+#include "cpu_dtype_widening.h"
 #include "fused_rnn_kernels.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -56,7 +58,13 @@ absl::Status CpuOpExecutor::Call(int /*device*/, StreamHandle /*stream*/,
   try {
     // Autograd runs on the client; here every op is a plain kernel call.
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.callBoxed(*stack);
+    // CUDA's dtypes that the CPU kernel lacks run in a wider one
+    // (cpu_dtype_widening.h).
+    if (const DtypeWidening* widening = FindDtypeWidening(op, *stack)) {
+      CallWidened(op, *widening, stack);
+    } else {
+      op.callBoxed(*stack);
+    }
     return absl::OkStatus();
   } catch (const c10::NotImplementedError& e) {
     return absl::UnimplementedError(

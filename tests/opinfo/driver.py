@@ -337,6 +337,7 @@ class Sweeper:
     def run_entry(self, entry: str) -> list[PairResult]:
         results: list[PairResult] = []
         remaining: list[tuple[str, bool]] | None = None  # None: the worker has not planned yet
+        references: dict[str, str] = {}  # dtype -> the wider dtype of its CPU reference (CUDA's extras)
         while remaining is None or remaining:
             worker = self._fresh_worker()
             current: tuple[str, bool] | None = None
@@ -355,8 +356,10 @@ class Sweeper:
                     event = worker.event(max(0.0, deadline - time.monotonic()))
                     kind = event["event"]
                     if kind == "plan":
-                        remaining = [(d, bool(b)) for d, b in event["dtypes"]]
-                        if not remaining and not results:
+                        # [dtype, backward] or [dtype, backward, reference] (CUDA's extra dtypes).
+                        remaining = [(p[0], bool(p[1])) for p in event["dtypes"]]
+                        references = {p[0]: p[2] if len(p) > 2 else "" for p in event["dtypes"]}
+                        if not any(not ref for ref in references.values()) and not results:
                             supported = ", ".join(event["supported"]) or "nothing"
                             results.append(PairResult(entry, "-", FORWARD, SKIPPED_ON_CPU,
                                                       f"none of the sweep's dtypes (the CPU supports: {supported})"))
@@ -370,7 +373,8 @@ class Sweeper:
                         phase = f"{event['phase']} of sample {event['sample']}"
                     elif kind in (FORWARD, BACKWARD):
                         assert remaining is not None and current is not None
-                        row = PairResult(entry, event["dtype"], kind, *event["outcome"])
+                        row = PairResult(entry, event["dtype"], kind, *event["outcome"],
+                                         reference=references.get(event["dtype"], ""))
                         if row.verdict not in (PASS, SKIPPED_ON_CPU) and not self.daemon.alive():
                             raise DaemonGone()  # the failure is the daemon's death, not the operator's
                         results.append(row)
@@ -399,10 +403,11 @@ class Sweeper:
                     results.append(PairResult(entry, "-", FORWARD, verdict, message))
                     return results
                 dtype, backward = current
+                reference = references.get(dtype, "")
                 if not any(r.dtype == dtype and r.direction == FORWARD for r in results):
-                    results.append(PairResult(entry, dtype, FORWARD, verdict, message))
+                    results.append(PairResult(entry, dtype, FORWARD, verdict, message, reference))
                 if backward:
-                    results.append(PairResult(entry, dtype, BACKWARD, verdict, message))
+                    results.append(PairResult(entry, dtype, BACKWARD, verdict, message, reference))
                 assert remaining is not None
                 remaining.remove(current)
         return results

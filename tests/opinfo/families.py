@@ -120,7 +120,7 @@ SUBSET: dict[str, tuple[str, ...]] = {
         "nn.functional.adaptive_max_pool1d", "nn.functional.interpolate.bilinear",
         "nn.functional.interpolate.nearest", "nn.functional.unfold", "nn.functional.pixel_shuffle",
         "nn.functional.grid_sample", "nn.functional.embedding", "nn.functional.linear",
-        "nn.functional.scaled_dot_product_attention",
+        "nn.functional.scaled_dot_product_attention", "nn.functional.avg_pool3d",
     ),
     "normalization": (
         "nn.functional.batch_norm", "nn.functional.layer_norm", "nn.functional.group_norm",
@@ -132,7 +132,7 @@ SUBSET: dict[str, tuple[str, ...]] = {
         "nn.functional.l1_loss", "nn.functional.smooth_l1_loss", "nn.functional.huber_loss",
         "nn.functional.binary_cross_entropy", "nn.functional.binary_cross_entropy_with_logits",
         "nn.functional.kl_div", "nn.functional.margin_ranking_loss", "nn.functional.ctc_loss",
-        "nn.functional.triplet_margin_loss",
+        "nn.functional.triplet_margin_loss", "nn.functional.multi_margin_loss",
     ),
     "random": (
         "bernoulli", "normal", "uniform", "multinomial", "randn_like", "randint",

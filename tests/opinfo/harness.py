@@ -42,6 +42,7 @@ from results import (
     PASS,
     SKIPPED_ON_CPU,
     SWEEP_DTYPES,
+    WIDER_REFERENCE,
     WRONG,
     Outcome,
     entry_key,
@@ -80,16 +81,28 @@ def all_entries() -> dict[str, OpInfo]:
 class DtypePlan:
     dtype: str
     backward: bool  # whether gradients are compared at this dtype
+    reference: str = ""  # CUDA's extra dtypes: the wider dtype of the CPU reference
 
 
 def plan(op: OpInfo) -> list[DtypePlan]:
-    """The sweep dtypes the entry supports on the CPU, in SWEEP_DTYPES order."""
+    """The sweep dtypes the entry supports on the CPU, then CUDA's extra ones, each in SWEEP_DTYPES order.
+
+    CUDA's extra dtypes (supported_dtypes("cuda") minus supported_dtypes("cpu"))
+    are what libraries' CUDA paths send to flagos; their CPU reference runs
+    in a wider dtype (WIDER_REFERENCE) and is converted back.
+    """
     supported = op.supported_dtypes("cpu")
+    cuda_extra = op.supported_dtypes("cuda") - supported
     backward_ok = op.supported_backward_dtypes("cpu") if op.supports_autograd else set()
+    cuda_backward_ok = op.supported_backward_dtypes("cuda") if op.supports_autograd else set()
     return [
         DtypePlan(name, dtype in GRAD_DTYPES and dtype in backward_ok)
         for name, dtype in DTYPES.items()
         if dtype in supported
+    ] + [
+        DtypePlan(name, dtype in GRAD_DTYPES and dtype in cuda_backward_ok, WIDER_REFERENCE[name])
+        for name, dtype in DTYPES.items()
+        if dtype in cuda_extra
     ]
 
 
@@ -195,16 +208,65 @@ def grad_leaves(s: SampleInput) -> list[torch.Tensor]:
     return leaves
 
 
+def map_tensors(v: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`v` with fn applied to every tensor in it (lists, tuples, dicts; namedtuples become tuples)."""
+    if isinstance(v, torch.Tensor):
+        return fn(v)
+    if isinstance(v, list):
+        return [map_tensors(x, fn) for x in v]
+    if isinstance(v, tuple):
+        return tuple(map_tensors(x, fn) for x in v)
+    if isinstance(v, dict):
+        return {k: map_tensors(x, fn) for k, x in v.items()}
+    return v
+
+
+def widened(s: SampleInput, dtype: torch.dtype, wide: torch.dtype) -> SampleInput:
+    """The sample with its tensors of `dtype` as fresh leaves in `wide` (other tensors as they are)."""
+
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype != dtype:
+            return t
+        return t.detach().to(wide).requires_grad_(t.requires_grad)
+
+    return SampleInput(
+        map_tensors(s.input, widen),
+        args=map_tensors(s.args, widen),
+        kwargs=map_tensors(s.kwargs, widen),
+        output_process_fn_grad=s.output_process_fn_grad,
+        broadcasts_input=s.broadcasts_input,
+        name=s.name,
+    )
+
+
+def _counterpart(t: torch.dtype, complex_: bool) -> torch.dtype | None:
+    pairs = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+    if complex_:
+        return pairs.get(t)
+    return {c: r for r, c in pairs.items()}.get(t)
+
+
+def narrowed(v: Any, wide: torch.dtype, dtype: torch.dtype) -> Any:
+    """Reference outputs computed in `wide` converted back (differentiably) to `dtype`: tensors of `wide`
+    become `dtype`, of its complex (real) counterpart `dtype`'s complex (real) counterpart; others stay."""
+    back = {wide: dtype}
+    for complex_ in (True, False):
+        w, d = _counterpart(wide, complex_), _counterpart(dtype, complex_)
+        if w is not None and d is not None:
+            back.setdefault(w, d)
+    return map_tensors(v, lambda t: t.to(back[t.dtype]) if t.dtype in back else t)
+
+
 # ------------------------------------------------------------------ comparison
 
 
-def tolerances(op: OpInfo, dtype: torch.dtype) -> tuple[float, float] | None:
-    """(atol, rtol): the largest of the entry's toleranceOverrides for CPU at dtype, if any."""
+def tolerances(op: OpInfo, dtype: torch.dtype, device_type: str = "cpu") -> tuple[float, float] | None:
+    """(atol, rtol): the largest of the entry's toleranceOverrides for device_type at dtype, if any."""
     best: tuple[float, float] | None = None
     for info in op.decorators or ():
         if not isinstance(info, DecorateInfo):
             continue
-        if info.device_type not in (None, "cpu") or (info.dtypes is not None and dtype not in info.dtypes):
+        if info.device_type not in (None, device_type) or (info.dtypes is not None and dtype not in info.dtypes):
             continue
         for decorator in info.decorators:
             if isinstance(decorator, toleranceOverride) and dtype in decorator.d:
@@ -329,16 +391,26 @@ def run_pair(
     max_samples: int,
     progress: Progress | None = None,
     on_forward: Callable[[Outcome], None] | None = None,
+    reference: str = "",
 ) -> tuple[Outcome, Outcome | None]:
     """(forward, backward) outcomes of `op` at `dtype_name`; backward None when not compared.
 
     The first `max_samples` samples run (all when it is 0). All samples'
     forwards run first (on_forward gets their outcome as soon as it is known,
     so that a crash in a backward does not lose it), then the backwards.
+    `reference` (CUDA's extra dtypes): the CPU side runs the sample's tensors
+    of `dtype_name` in that wider dtype, and its outputs and gradients are
+    converted back (narrowed) before the comparison, with the entry's CUDA
+    tolerances.
     """
     dtype = DTYPES[dtype_name]
+    wide = getattr(torch, reference) if reference else None
     entry = entry_key(op.name, op.variant_test_name)
-    tol = tolerances(op, dtype)
+    tol = tolerances(op, dtype, "cuda" if reference else "cpu")
+
+    def narrow(v: Any) -> Any:
+        return v if wide is None else narrowed(v, wide, dtype)
+
     fwd, bwd = Tally(), Tally()
 
     torch.manual_seed(SAMPLE_SEED)
@@ -359,8 +431,10 @@ def run_pair(
             progress(index, FORWARD)
         random = is_random_sample(entry, sample.args, sample.kwargs)
         cpu_in = Copier("cpu").sample(sample, entry)
+        if wide is not None:
+            cpu_in = widened(cpu_in, dtype, wide)
         try:
-            cpu_out = op(cpu_in.input, *cpu_in.args, **cpu_in.kwargs)
+            cpu_out = narrow(op(cpu_in.input, *cpu_in.args, **cpu_in.kwargs))
             cpu_cmp = to_cpu(sample.output_process_fn_grad(cpu_out))
         except Exception as e:
             fwd.cpu_error(prefix + describe(e))
@@ -409,7 +483,7 @@ def run_pair(
         if fl_grads is None:
             bwd.add(WRONG, prefix + "flagos outputs are not differentiable")
             continue
-        diff = mismatch(fl_grads, to_cpu(cpu_grads), random=r.random, tol=tol)
+        diff = mismatch(fl_grads, narrow(to_cpu(cpu_grads)), random=r.random, tol=tol)
         bwd.add(WRONG, prefix + diff) if diff else bwd.add(PASS, "")
     return forward, bwd.result()
 

@@ -132,11 +132,24 @@ def rate(counts: Counter[str]) -> str:
     return f"{100.0 * counts[PASS] / considered:.1f}% ({counts[PASS]} / {considered})"
 
 
+def totals_table(rows: Sequence[PairResult]) -> list[str]:
+    """The verdict counts per direction and the pass rates, as markdown lines."""
+    counts = {d: Counter(r.verdict for r in rows if r.direction == d) for d in DIRECTIONS}
+    out = ["| verdict | " + " | ".join(DIRECTIONS) + " |",
+           "| --- | " + " | ".join("---:" for _ in DIRECTIONS) + " |"]
+    for verdict in SEVERITY:
+        out.append(f"| {verdict} | " + " | ".join(str(counts[d][verdict]) for d in DIRECTIONS) + " |")
+    out.append("| all | " + " | ".join(str(sum(counts[d].values())) for d in DIRECTIONS) + " |")
+    out.append("| **pass rate** | " + " | ".join(rate(counts[d]) for d in DIRECTIONS) + " |")
+    return out
+
+
 def markdown(results: Sequence[PairResult], *, command: str, max_samples: int, timeout: float,
              commit: str, torch: str) -> str:
     results = sorted(results, key=PairResult.sort_key)
-    counts = {d: Counter(r.verdict for r in results if r.direction == d) for d in DIRECTIONS}
     entries = sorted({r.entry for r in results})
+    cuda_extra = [r for r in results if r.reference]
+    results = [r for r in results if not r.reference]
     failing = [r for r in results if r.verdict not in (PASS, SKIPPED_ON_CPU)]
     skipped = [r for r in results if r.verdict == SKIPPED_ON_CPU]
 
@@ -148,7 +161,9 @@ def markdown(results: Sequence[PairResult], *, command: str, max_samples: int, t
     w("`op_db` (and the foreach databases) runs at every dtype it supports on the CPU among")
     w("float32, float64, float16, bfloat16, int64, int32, bool and complex64, on the CPU and on")
     w("flagos (CPU backend), and the outputs (forward) and the gradients of a weighted sum of the")
-    w("outputs (backward, autograd dtypes) are compared. See `tests/opinfo/README.md`.")
+    w("outputs (backward, autograd dtypes) are compared. See `tests/opinfo/README.md`. The dtypes")
+    w("an entry supports on CUDA only run too, against a CPU reference in a wider dtype, and are")
+    w("reported in their own section (CUDA's extra dtypes).")
     w("")
     w("| | |")
     w("| --- | --- |")
@@ -163,12 +178,7 @@ def markdown(results: Sequence[PairResult], *, command: str, max_samples: int, t
     w("")
     w("Pass rate: PASS / every (entry, dtype) the CPU itself can run (all but SKIPPED_ON_CPU).")
     w("")
-    w("| verdict | " + " | ".join(DIRECTIONS) + " |")
-    w("| --- | " + " | ".join("---:" for _ in DIRECTIONS) + " |")
-    for verdict in SEVERITY:
-        w(f"| {verdict} | " + " | ".join(str(counts[d][verdict]) for d in DIRECTIONS) + " |")
-    w("| all | " + " | ".join(str(sum(counts[d].values())) for d in DIRECTIONS) + " |")
-    w("| **pass rate** | " + " | ".join(rate(counts[d]) for d in DIRECTIONS) + " |")
+    out.extend(totals_table(results))
     w("")
     w("Verdicts: PASS (every sample matched); WRONG (flagos ran, values differ: the first")
     w("mismatch); ERROR (flagos raised: exception and first line); CRASH (the worker process or")
@@ -192,6 +202,22 @@ def markdown(results: Sequence[PairResult], *, command: str, max_samples: int, t
     w("| --- | --- | --- | --- |")
     for r in skipped:
         w(f"| `{r.entry}` | {r.dtype} | {r.direction} | {cell(r.message)} |")
+    w("")
+    w(f"## CUDA's extra dtypes ({len(cuda_extra)})")
+    w("")
+    w("The dtypes an entry supports on CUDA but not on the CPU (OpInfo's `supported_dtypes(\"cuda\")`")
+    w("minus `supported_dtypes(\"cpu\")`, among the sweep's): libraries take their CUDA path on")
+    w("flagos, so it must accept them. flagos runs them at the row's dtype (where ATen's CPU kernel")
+    w("lacks it, in a wider dtype: [dtype-widening.md](dtype-widening.md)); the CPU reference runs")
+    w("the sample's tensors of that dtype in the wider `reference` dtype and its outputs and")
+    w("gradients are converted back, with the entry's CUDA tolerances. Not in the totals above.")
+    w("")
+    out.extend(totals_table(cuda_extra))
+    w("")
+    w("| entry | dtype | reference | direction | verdict | message |")
+    w("| --- | --- | --- | --- | --- | --- |")
+    for r in cuda_extra:
+        w(f"| `{r.entry}` | {r.dtype} | {r.reference} | {r.direction} | {r.verdict} | {cell(r.message)} |")
     w("")
     return "\n".join(out)
 
@@ -220,10 +246,12 @@ def main() -> None:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)
         print(f"wrote {args.markdown}")
-    for d in (FORWARD, BACKWARD):
-        counts = Counter(r.verdict for r in results if r.direction == d)
-        summary = ", ".join(f"{v} {counts[v]}" for v in SEVERITY if counts[v])
-        print(f"{d}: pass rate {rate(counts)}; {summary}")
+    for label, rows in (("", [r for r in results if not r.reference]),
+                        ("CUDA's extra dtypes, ", [r for r in results if r.reference])):
+        for d in (FORWARD, BACKWARD):
+            counts = Counter(r.verdict for r in rows if r.direction == d)
+            summary = ", ".join(f"{v} {counts[v]}" for v in SEVERITY if counts[v])
+            print(f"{label}{d}: pass rate {rate(counts)}; {summary}")
     print_root_causes(results)
 
 

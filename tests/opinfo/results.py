@@ -39,6 +39,19 @@ SWEEP_DTYPES: tuple[str, ...] = (
 )
 
 
+# CUDA's extra dtypes: the wider dtype the CPU reference is computed in.
+WIDER_REFERENCE: dict[str, str] = {
+    "float32": "float64",
+    "float64": "float64",
+    "float16": "float32",
+    "bfloat16": "float32",
+    "int64": "float64",
+    "int32": "float64",
+    "bool": "uint8",
+    "complex64": "complex128",
+}
+
+
 def severity(verdict: str) -> int:
     """Smaller is worse."""
     return SEVERITY.index(verdict)
@@ -54,13 +67,20 @@ class Outcome:
 
 @dataclass(frozen=True)
 class PairResult:
-    """One row of the sweep: entry is OpInfo `name` or `name.variant_test_name`."""
+    """One row of the sweep: entry is OpInfo `name` or `name.variant_test_name`.
+
+    `reference` is empty for the dtypes the entry supports on the CPU (the
+    CPU reference runs at the row's dtype); for CUDA's extra dtypes (OpInfo's
+    supported_dtypes("cuda") minus supported_dtypes("cpu")) it names the
+    wider dtype the CPU reference was computed in.
+    """
 
     entry: str
     dtype: str
     direction: str
     verdict: str
     message: str = ""
+    reference: str = ""
 
     def sort_key(self) -> tuple[str, int, int]:
         return (self.entry, SWEEP_DTYPES.index(self.dtype) if self.dtype in SWEEP_DTYPES else 99,

@@ -10,8 +10,10 @@ descriptor N (stdout and stderr are left to torch, which may print there):
     {"cmd": "ping"}
         -> {"event": "pong"}   (after a tiny operator ran on every flagos device)
     {"cmd": "run", "entry": key, "dtypes": [name, ...] | null, "max_samples": 8}
-        -> {"event": "plan", "dtypes": [[name, backward], ...], "supported": [name, ...]}
-           (the dtypes it will run; all the entry supports on the CPU)
+        -> {"event": "plan", "dtypes": [[name, backward, reference], ...], "supported": [name, ...]}
+           (the dtypes it will run: all the entry supports on the CPU, reference "",
+           then CUDA's extra dtypes, reference the wider dtype of the CPU reference;
+           supported: the CPU's)
            per dtype: {"event": "begin", "dtype": name}
                       {"event": "phase", "dtype": name, "sample": i, "phase": "forward"|"backward"}
                       {"event": "forward", "dtype": name, "outcome": [verdict, message]}
@@ -54,7 +56,7 @@ def run(events: Events, entries: dict[str, Any], request: dict[str, Any]) -> Non
     wanted = request.get("dtypes")
     dtype_plan = [p for p in harness.plan(op) if wanted is None or p.dtype in wanted]
     supported = sorted(str(d).removeprefix("torch.") for d in op.supported_dtypes("cpu"))
-    events.send("plan", dtypes=[[p.dtype, p.backward] for p in dtype_plan], supported=supported)
+    events.send("plan", dtypes=[[p.dtype, p.backward, p.reference] for p in dtype_plan], supported=supported)
     for p in dtype_plan:
         events.send("begin", dtype=p.dtype)
 
@@ -64,7 +66,8 @@ def run(events: Events, entries: dict[str, Any], request: dict[str, Any]) -> Non
         def on_forward(outcome: harness.Outcome, dtype: str = p.dtype) -> None:
             events.send("forward", dtype=dtype, outcome=[outcome.verdict, outcome.message])
 
-        _, backward = harness.run_pair(op, p.dtype, p.backward, request["max_samples"], progress, on_forward)
+        _, backward = harness.run_pair(op, p.dtype, p.backward, request["max_samples"], progress, on_forward,
+                                       p.reference)
         if backward is not None:
             events.send("backward", dtype=p.dtype, outcome=[backward.verdict, backward.message])
     events.send("done")
