@@ -84,10 +84,27 @@ def main() -> int:
     x, y = torch.randn(5, 3), torch.randn(4, 3)
     grads = []
     for device in ("cpu", FL):
-        xd = x.to(device).requires_grad_()
+        xd = x.detach().to(device).requires_grad_()
         torch.cdist(xd, y.to(device)).pow(2).sum().backward()
         grads.append(xd.grad.cpu().flatten().tolist())
     check("cdist backward (schema differs only in argument names)", grads[0], grads[1])
+
+    # An operator the daemon's torch lacks (aten::linalg_polar is new in
+    # 2.14) is refused naming both torch versions, and the session goes on.
+    if client_torch.startswith("2.14.") and daemon_torch.startswith("2.13."):
+        expected = (f"operator aten::linalg_polar is not registered in flagosd's torch "
+                    f"{daemon_torch} (the client's is {client_torch})")
+        try:
+            torch.linalg.polar(torch.randn(3, 3, device=FL))
+            torch.flagos.synchronize()
+            print("FAIL aten::linalg_polar ran on a daemon whose torch has no such operator")
+            return 1
+        except RuntimeError as e:
+            if expected not in str(e):
+                print(f"FAIL unexpected error for linalg_polar: {e}")
+                return 1
+        print(f"ok   an operator new in {client_torch} is refused: {expected}")
+        check("after it, the session goes on", [6.0], [torch.ones(2, 3, device=FL).sum().item()])
 
     # The daemon reports this session's torch beside its own.
     stats = torch_fl._C._daemon_stats("")
