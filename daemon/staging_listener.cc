@@ -1,5 +1,6 @@
 #include "staging_listener.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -13,6 +14,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "flagos/v1/flagos.pb.h"
 #include "listen_endpoint.h"
 #include "logging.h"
@@ -25,8 +28,6 @@ namespace {
 
 // An attach message is a few dozen bytes; anything larger is not a client.
 constexpr uint32_t kMaxAttachBytes = 4096;
-// A client that connects and then stalls does not hold the listener longer.
-constexpr int kIoTimeoutSeconds = 2;
 
 absl::Status Errno(absl::string_view what) {
   return absl::FailedPreconditionError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -94,6 +95,10 @@ void StagingListener::Stop() {
   const uint64_t one = 1;
   (void)write(wake_fd_, &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &attaching_));
+  }
   close(listen_fd_);
   close(wake_fd_);
   unlink(path_.c_str());
@@ -109,16 +114,29 @@ void StagingListener::Run() {
     }
     if (fds[1].revents != 0) return;
     if (fds[0].revents == 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) continue;
-    Serve(fd);
+    {
+      absl::MutexLock lock(&mu_);
+      if (attaching_ >= kMaxConcurrentAttaches) {
+        LogWarning(absl::StrCat("staging listener: ", kMaxConcurrentAttaches,
+                                " attaches in progress already; closed one more"));
+        close(fd);
+        continue;
+      }
+      ++attaching_;
+    }
+    std::thread([this, fd] {
+      Serve(fd);
+      absl::MutexLock lock(&mu_);
+      --attaching_;
+    }).detach();
   }
 }
 
 void StagingListener::Serve(int fd) {
-  timeval timeout{kIoTimeoutSeconds, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  const absl::Time deadline = absl::Now() + absl::Seconds(kAttachDeadlineSeconds);
+  // The reply is a few bytes into an empty socket buffer: it cannot block.
   ucred peer{};
   socklen_t peer_len = sizeof(peer);
   const bool have_peer = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0;
@@ -128,6 +146,16 @@ void StagingListener::Serve(int fd) {
   int memfd = -1;
   absl::Status status;
   while (true) {
+    // The deadline is for the whole attach, however the bytes arrive.
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd ready{fd, POLLIN, 0};
+    const int polled = left_ms > 0 ? poll(&ready, 1, static_cast<int>(left_ms)) : 0;
+    if (polled < 0 && errno == EINTR) continue;
+    if (polled <= 0) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "the attach did not complete within ", kAttachDeadlineSeconds, " s"));
+      break;
+    }
     char buffer[kMaxAttachBytes + 4];
     iovec iov{buffer, sizeof(buffer)};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
@@ -137,6 +165,7 @@ void StagingListener::Serve(int fd) {
     message.msg_control = control;
     message.msg_controllen = sizeof(control);
     const ssize_t n = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -196,10 +225,9 @@ void StagingListener::Serve(int fd) {
   }
   // Attached: the connection stays open as the session's sync channel.
   if (SendReply(fd, status) && status.ok()) {
-    // The channel may idle for as long as the session lives.
-    timeval none{0, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
+    // The channel blocks, and may idle for as long as the session lives.
+    const int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
     session->StartSyncChannel(fd);
     return;
   }

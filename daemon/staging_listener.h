@@ -9,7 +9,13 @@
 // socket file lives next to the daemon's first unix --listen socket, with
 // the same mode.
 //
-// Thread safety: Stop may be called from any thread; one thread serves.
+// Attaches are served concurrently (at most kMaxConcurrentAttaches at once;
+// one more is closed at once) and each must complete within
+// kAttachDeadlineSeconds from its accept, so a client that connects and
+// drips bytes holds neither the listener nor anyone else's attach.
+//
+// Thread safety: Stop may be called from any thread; one thread accepts,
+// one thread per attach in progress serves.
 #ifndef FLAGOS_DAEMON_STAGING_LISTENER_H_
 #define FLAGOS_DAEMON_STAGING_LISTENER_H_
 
@@ -20,10 +26,14 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace flagos::daemon {
 
 class SessionRegistry;
+
+inline constexpr int kMaxConcurrentAttaches = 16;
+inline constexpr int kAttachDeadlineSeconds = 5;
 
 class StagingListener {
  public:
@@ -39,13 +49,15 @@ class StagingListener {
 
   const std::string& path() const { return path_; }
 
-  // Stops serving, joins the thread and removes the socket file. Idempotent.
+  // Stops serving, joins the threads (an attach in progress ends by its
+  // deadline) and removes the socket file. Idempotent.
   void Stop();
 
  private:
   StagingListener(std::string path, int listen_fd, int wake_fd, SessionRegistry* registry);
   void Run();
-  // Handles one attach connection (closes `fd`).
+  // Handles one attach connection (closes `fd`, or hands it to the
+  // session as its sync channel), within the attach deadline.
   void Serve(int fd);
 
   const std::string path_;
@@ -54,6 +66,8 @@ class StagingListener {
   SessionRegistry& registry_;
   std::thread thread_;
   bool stopped_ = false;
+  absl::Mutex mu_;
+  int attaching_ ABSL_GUARDED_BY(mu_) = 0;  // Serve calls in progress
 };
 
 }  // namespace flagos::daemon

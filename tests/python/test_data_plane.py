@@ -159,3 +159,66 @@ def test_data_dependent_results_stay_in_the_daemon(run_python) -> None:
     assert out["sum"] == n * (n - 1) // 2
     assert out["picked"] == n and out["picked_sum"] == float(n)
     assert out["sent"] < MIB, f"{out['sent']} bytes came back for 24 MiB of held results"
+
+
+# A client that attaches its staging region while others hold connections
+# to the staging socket open, dripping a byte at a time.
+ATTACH_AFTER_GO = """
+import json, sys, torch, torch_fl
+print("ready", flush=True)
+sys.stdin.readline()
+x = torch.ones(4 << 20, device="flagos")  # 16 MiB: through its staging region
+sid = torch_fl._C._session_id()
+s = next(s for s in torch_fl._C._daemon_stats("")["sessions"] if s["id"] == sid)
+print(json.dumps({"attached": s["staging_attached"], "sum": x.sum().item()}), flush=True)
+"""
+
+ATTACH_DEADLINE_S = 5  # kAttachDeadlineSeconds (daemon/staging_listener.h)
+
+
+def test_clients_dripping_into_the_staging_socket_hold_up_no_other_attach(
+    endpoint: str, spawn_python, read_line
+) -> None:
+    import socket
+
+    client = spawn_python(ATTACH_AFTER_GO)
+    assert read_line(client) == "ready\n"
+    path = endpoint.removeprefix("unix://") + ".staging"
+    stop = threading.Event()
+    drippers = []
+    for _ in range(3):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        drippers.append(sock)
+
+    def drip() -> None:
+        while not stop.is_set():
+            for sock in drippers:
+                try:
+                    sock.send(b"\0")
+                except OSError:
+                    pass
+            stop.wait(0.2)
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        line = read_line(client)
+        assert line, client.communicate(timeout=30)[1]
+        out = json.loads(line)
+        assert out == {"attached": True, "sum": float(4 << 20)}
+        # Each dripping connection is answered and closed at the attach
+        # deadline, however it keeps sending.
+        for sock in drippers:
+            sock.settimeout(ATTACH_DEADLINE_S + 30)
+            received = b""
+            while chunk := sock.recv(4096):
+                received += chunk
+            assert f"the attach did not complete within {ATTACH_DEADLINE_S} s".encode() in received
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for sock in drippers:
+            sock.close()
