@@ -1,8 +1,12 @@
 """torch_fl: PyTorch's PrivateUse1 device as ``"flagos"``, served by flagosd.
 
-``import torch_fl`` registers the device; the first use of a flagos tensor
-connects to the daemon named by ``FLAGOS_ENDPOINT`` (see
-:func:`torch_fl.endpoint`). Every operator then runs in the daemon.
+``import torch_fl`` registers the device; so does ``import torch`` alone
+when torch_fl is installed (PyTorch's device-backend autoload: the package's
+``torch.backends`` entry point names :func:`_autoload`;
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns it off). The first use of a flagos
+tensor connects to the daemon named by ``FLAGOS_ENDPOINT`` (see
+:func:`torch_fl.endpoint`); importing connects to nothing. Every operator
+then runs in the daemon.
 """
 from __future__ import annotations
 
@@ -25,6 +29,14 @@ torch.utils.generate_methods_for_privateuse1_backend(
 )
 
 _C._set_endpoint_resolver(_endpoint.resolve)
+
+
+def _autoload() -> None:
+    """The ``torch.backends`` entry point, which ``import torch`` calls once
+    it has defined what backends use (torch/__init__.py,
+    ``_import_device_backends``). Loading the entry point imported this
+    package, which registered the device; there is nothing more to do, and
+    nothing here may connect to a daemon (none need run at ``import torch``)."""
 
 
 def endpoint() -> str:

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import torch
 
 from . import _C
+from . import _inductor
 
 _DeviceLike = Any  # int | str | torch.device | None
 
@@ -352,3 +353,15 @@ def get_rng_state_all() -> list[torch.Tensor]:
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
     for i, state in enumerate(new_states):
         set_rng_state(state, i)
+
+
+# ------------------------------------------------------------- inductor
+# torch.compile's inductor asks the device module for its code generators;
+# flagos has none, and the answer makes inductor raise a clear error
+# (torch_fl/_inductor.py).
+
+
+def __getattr__(name: str) -> Any:
+    if name in _inductor.CODE_GENERATOR_NAMES:
+        return _inductor.code_generator(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
