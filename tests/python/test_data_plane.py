@@ -189,13 +189,14 @@ def test_clients_dripping_into_the_staging_socket_hold_up_no_other_attach(
     for _ in range(3):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
+        sock.send((1000).to_bytes(4, "little"))  # a frame of 1000 bytes, never all sent
         drippers.append(sock)
 
     def drip() -> None:
         while not stop.is_set():
             for sock in drippers:
                 try:
-                    sock.send(b"\0")
+                    sock.send(b"x")
                 except OSError:
                     pass
             stop.wait(0.2)
