@@ -179,6 +179,7 @@ _gen = torch.Generator().manual_seed(1)
 IMG = torch.randn(2, 4, 8, 8, generator=_gen)
 SEQ = torch.randn(2, 5, 6, generator=_gen)
 TOKENS = torch.randint(0, 10, (2, 5), generator=_gen)
+LABELS = torch.tensor([3, 0, -1, 1, 2, 5])  # multilabel targets: classes, then -1
 
 LAYERS: dict[str, tuple[Callable[[], nn.Module], tuple[torch.Tensor, ...], Callable]] = {
     "group_norm": (lambda: nn.GroupNorm(2, 4), (IMG,), lambda y: y),
@@ -195,6 +196,14 @@ LAYERS: dict[str, tuple[Callable[[], nn.Module], tuple[torch.Tensor, ...], Calla
     "lstm": (lambda: nn.LSTM(6, 4, batch_first=True), (SEQ,), lambda y: y[0]),
     "gru": (lambda: nn.GRU(6, 4, batch_first=True, num_layers=2), (SEQ,), lambda y: y[0]),
     "rnn_tanh": (lambda: nn.RNN(6, 4, batch_first=True), (SEQ,), lambda y: y[0]),
+    # Fused cells without biases: the LSTM cell's meta function fails on a None
+    # bias, the GRU cell's backward returns undefined bias gradients.
+    "lstm_no_bias": (lambda: nn.LSTM(6, 4, batch_first=True, bias=False), (SEQ,), lambda y: y[0]),
+    "gru_no_bias": (lambda: nn.GRU(6, 4, batch_first=True, bias=False), (SEQ,), lambda y: y[0]),
+    # Without reduction, a 1-d input's loss is 0-d on the CPU (one element by the meta function).
+    "multilabel_margin_loss_1d_no_reduction": (
+        lambda: nn.MultiLabelMarginLoss(reduction="none"), (SEQ[0, 0], LABELS), lambda y: y
+    ),
     "embedding_padding_idx": (lambda: nn.Embedding(10, 4, padding_idx=0), (TOKENS,), lambda y: y),
     "embedding_bag_mean": (lambda: nn.EmbeddingBag(10, 4, mode="mean"), (TOKENS,), lambda y: y),
     "multihead_attention_weights": (
