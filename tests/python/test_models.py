@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models import FL, prefixed, cnn_data, make_cnn, make_transformer, transformer_data
 
@@ -171,6 +172,39 @@ def test_scaled_dot_product_attention_matches_cpu() -> None:
     torch.testing.assert_close(fout.detach().cpu(), out.detach(), rtol=1e-4, atol=1e-5)
     for name, a, b in (("q", fq, q), ("k", fk, k), ("v", fv, v)):
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5, msg=prefixed(name))
+
+
+class _AtenCalls(TorchDispatchMode):
+    """Records the ATen operators called under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mask", ["causal", "additive", "none"])
+def test_scaled_dot_product_attention_uses_the_cpus_kernel(mask: str) -> None:
+    # Where the CPU runs its fused flash-attention kernel, flagos must too (not
+    # the math decomposition, whose float32 gradients differ beyond 1e-5).
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 2, 8, 8, generator=gen) for _ in range(3))
+    attn_mask = torch.randn(8, 8, generator=gen) if mask == "additive" else None
+
+    def calls(device: torch.device | str) -> list[str]:
+        inputs = [t.to(device) for t in (q, k, v)]
+        with _AtenCalls() as mode:
+            nn.functional.scaled_dot_product_attention(
+                *inputs, attn_mask=None if attn_mask is None else attn_mask.to(device),
+                is_causal=mask == "causal")
+        return [name for name in mode.names if "attention" in name]
+
+    expected = calls("cpu")
+    assert expected, "the CPU ran no attention operator"
+    assert calls(FL) == expected
 
 
 # ------------------------------------------------------------------ more layers, forward + backward
