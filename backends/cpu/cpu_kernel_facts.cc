@@ -7,9 +7,12 @@ const std::vector<KernelFact>& CpuKernelFacts() {
   // dtype on the CPU (float32 on CUDA, which the meta functions follow) and
   // returns none (empty tensors) in eval mode; _embedding_bag sizes its
   // auxiliary outputs differently; layer and group norm keep their
-  // statistics in the input's dtype.
+  // statistics in the input's dtype; multilabel_margin_loss_forward returns
+  // a 0-dimensional loss for a 1-dimensional input without reduction (the
+  // meta function: one element).
   static const std::vector<KernelFact>* const facts = new std::vector<KernelFact>{
       {"aten::_embedding_bag", /*always=*/true, false, false},
+      {"aten::multilabel_margin_loss_forward", true, false, false},
       {"aten::_embedding_bag_forward_only", true, false, false},
       {"aten::native_layer_norm", false, /*reduced_precision_input=*/true, false},
       {"aten::native_group_norm", false, true, false},

@@ -270,7 +270,13 @@ void RunSynchronously(const c10::OperatorHandle& op, const OpTraits& traits, int
       const size_t aliased = AliasedArgument(schema, j);
       results->push_back(written_results ? args[aliased] : c10::IValue());
     } else {
-      results->push_back(DecodeResult(completion.values(static_cast<int>(j)), device));
+      c10::IValue value = DecodeResult(completion.values(static_cast<int>(j)), device);
+      // A kernel may leave a Tensor return undefined (a fused RNN cell's
+      // bias gradients without a bias); the wire carries it as None.
+      if (value.isNone() && returns[j].real_type()->kind() == c10::TypeKind::TensorType) {
+        value = c10::IValue(at::Tensor());
+      }
+      results->push_back(std::move(value));
     }
   }
 }

@@ -231,10 +231,20 @@ Cache& GlobalCache() {
   return *cache;
 }
 
+// A meta kernel written in Python that cannot infer a call raises
+// NotImplementedError (e.g. boolean-mask indexing, whose output size depends
+// on the data), or AttributeError where it does not handle an argument the
+// schema allows (torch 2.13's _thnn_fused_lstm_cell meta reads the device of
+// a bias that is None). Either way the kernel itself decides, synchronously.
+bool MetaCannotInfer(PyObject* type) {
+  return type != nullptr && (PyErr_GivenExceptionMatches(type, PyExc_NotImplementedError) != 0 ||
+                             PyErr_GivenExceptionMatches(type, PyExc_AttributeError) != 0);
+}
+
 bool IsPythonNotImplemented(python_error& e) {
   e.persist();
   pybind11::gil_scoped_acquire gil;
-  return e.type != nullptr && PyErr_GivenExceptionMatches(e.type, PyExc_NotImplementedError) != 0;
+  return MetaCannotInfer(e.type);
 }
 
 std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
@@ -251,10 +261,8 @@ std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
   } catch (const c10::NotImplementedError&) {
     return nullptr;  // no meta kernel: ask the daemon
   } catch (pybind11::error_already_set& e) {
-    // A meta kernel written in Python that cannot infer this call (e.g.
-    // boolean-mask indexing, whose output size depends on the data).
     pybind11::gil_scoped_acquire gil;
-    if (!e.matches(PyExc_NotImplementedError)) throw;
+    if (!MetaCannotInfer(e.type().ptr())) throw;
     return nullptr;
   } catch (python_error& e) {
     if (!IsPythonNotImplemented(e)) throw;

@@ -1,4 +1,4 @@
-"""pytest harness for tests/opinfo: a flagosd, and a Sweeper whose worker runs the entries.
+"""pytest harness for tests/opinfo: a flagosd, and Sweepers whose workers run the entries.
 
 The daemon: the one FLAGOS_ENDPOINT names when it is set (so that
 `pytest tests/python tests/opinfo` shares tests/python's daemon: this
@@ -22,9 +22,10 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from driver import DaemonHandle, Sweeper, signal_name  # noqa: E402
+from families import MODULE_SUBSET_MAX_SAMPLES  # noqa: E402
 
 SUBSET_MAX_SAMPLES = 8  # as scripts/op-sweep
-SUBSET_TIMEOUT_S = 60.0
+SUBSET_TIMEOUT_S = 60.0  # per (entry, dtype) for operators, per sample for modules (as the sweeps)
 
 _daemon: DaemonHandle | None = None
 
@@ -54,5 +55,15 @@ def sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper]:
     """Runs OpInfo entries against the run's flagosd, at most SUBSET_MAX_SAMPLES samples each."""
     assert _daemon is not None
     s = Sweeper(_daemon, tmp_path_factory.mktemp("opinfo-logs"), SUBSET_MAX_SAMPLES, SUBSET_TIMEOUT_S)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def module_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper]:
+    """Runs ModuleInfo entries against the run's flagosd, at most MODULE_SUBSET_MAX_SAMPLES samples each."""
+    assert _daemon is not None
+    s = Sweeper(_daemon, tmp_path_factory.mktemp("module-logs"), MODULE_SUBSET_MAX_SAMPLES, SUBSET_TIMEOUT_S,
+                suite="modules", per_sample=True)
     yield s
     s.close()

@@ -1,12 +1,15 @@
-"""Runs OpInfo entries in guarded worker processes and collects their verdicts.
+"""Runs sweep entries (OpInfo or ModuleInfo) in guarded worker processes and collects their verdicts.
 
-    python3 tests/opinfo/driver.py --out build/opinfo/results.jsonl [--max-samples 8]
-        [--timeout 60] [--endpoint unix:///...] [--only ENTRY ...] [--log-dir DIR]
+    python3 tests/opinfo/driver.py --out build/opinfo/results.jsonl [--suite ops|modules]
+        [--max-samples 8] [--timeout 60] [--timeout-per unit|sample] [--endpoint unix:///...]
+        [--only ENTRY ...] [--log-dir DIR]
 
-One bad operator never stops the run: entries run in a worker process
-(worker.py); when it dies the (entry, dtype) it was on is a CRASH, when an
-(entry, dtype) gives no result within --timeout seconds it is a TIMEOUT; either
-way the worker is replaced and the entry goes on with its next dtype. When
+One bad operator or module never stops the run: entries run in a worker
+process (worker.py); when it dies the unit it was on (an (entry, dtype), or
+for modules an (entry, dtype, mode)) is a CRASH, when a unit (or with
+--timeout-per sample, one sample of it) gives no result within --timeout
+seconds it is a TIMEOUT; either way the worker is replaced and the entry goes
+on with its next unit. When
 flagosd died too (or stopped answering), the driver restarts it if it started
 it. Without --endpoint the driver starts its own flagosd (build/bin/flagosd,
 or FLAGOS_DAEMON).
@@ -58,6 +61,7 @@ STARTUP_TIMEOUT_S = 120.0  # importing torch and op_db on a busy machine
 PING_TIMEOUT_S = 60.0
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_SAMPLES = 8
+SUITE_NAMES = {"ops": "OpInfo entries", "modules": "ModuleInfo entries"}
 
 
 class WorkerDied(Exception):
@@ -200,7 +204,7 @@ def crash_detail(stderr_tail: str) -> str:
 class Worker:
     """One worker.py child: requests on its stdin, events on a private pipe, stderr to a log."""
 
-    def __init__(self, endpoint: str, log_path: Path) -> None:
+    def __init__(self, endpoint: str, log_path: Path, suite: str = "ops") -> None:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, FLAGOS_ENDPOINT=endpoint)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -209,7 +213,7 @@ class Worker:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), "--result-fd", str(write_fd)],
+            [sys.executable, str(WORKER), "--result-fd", str(write_fd), "--suite", suite],
             stdin=subprocess.PIPE,
             stdout=self._log,
             stderr=self._log,
@@ -274,7 +278,11 @@ class Worker:
 
 
 class Sweeper:
-    """Runs entries one by one in a (replaceable) worker; yields PairResults."""
+    """Runs entries of one suite one by one in a (replaceable) worker; yields PairResults.
+
+    The time limit applies to each unit (per_sample False) or to each sample's
+    forward and each sample's backward within a unit (per_sample True).
+    """
 
     def __init__(
         self,
@@ -282,11 +290,15 @@ class Sweeper:
         log_dir: Path,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         timeout: float = DEFAULT_TIMEOUT_S,
+        suite: str = "ops",
+        per_sample: bool = False,
     ) -> None:
         self.daemon = daemon
         self.log_dir = log_dir
         self.max_samples = max_samples
         self.timeout = timeout
+        self.suite = suite
+        self.per_sample = per_sample
         self._worker: Worker | None = None
         log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -297,7 +309,7 @@ class Sweeper:
 
     def _fresh_worker(self) -> Worker:
         if self._worker is None:
-            self._worker = Worker(self.daemon.endpoint, self.log_dir / "worker.log")
+            self._worker = Worker(self.daemon.endpoint, self.log_dir / f"worker-{self.suite}.log", self.suite)
         return self._worker
 
     def _drop_worker(self) -> None:
@@ -336,49 +348,52 @@ class Sweeper:
 
     def run_entry(self, entry: str) -> list[PairResult]:
         results: list[PairResult] = []
-        remaining: list[tuple[str, bool]] | None = None  # None: the worker has not planned yet
-        references: dict[str, str] = {}  # dtype -> the wider dtype of its CPU reference (CUDA's extras)
+        # (dtype, mode, backward, reference: the wider dtype of the CPU reference for CUDA's extra dtypes);
+        # None: not planned yet
+        remaining: list[tuple[str, str, bool, str]] | None = None
         while remaining is None or remaining:
             worker = self._fresh_worker()
-            current: tuple[str, bool] | None = None
+            current: tuple[str, str, bool, str] | None = None
             phase = "setup"
             try:
                 worker.send({
                     "cmd": "run",
                     "entry": entry,
-                    "dtypes": None if remaining is None else [d for d, _ in remaining],
+                    "units": None if remaining is None else [[d, m] for d, m, _, _ in remaining],
                     "max_samples": self.max_samples,
                 })
                 worker.mark_log()
                 deadline = time.monotonic() + STARTUP_TIMEOUT_S
                 while True:
-                    # The limit is per (entry, dtype), from its "begin": progress events do not extend it.
+                    # The limit is per unit, from its "begin" (or per sample, from its "phase").
                     event = worker.event(max(0.0, deadline - time.monotonic()))
                     kind = event["event"]
                     if kind == "plan":
-                        # [dtype, backward] or [dtype, backward, reference] (CUDA's extra dtypes).
-                        remaining = [(p[0], bool(p[1])) for p in event["dtypes"]]
-                        references = {p[0]: p[2] if len(p) > 2 else "" for p in event["dtypes"]}
-                        if not any(not ref for ref in references.values()) and not results:
+                        # [dtype, mode, backward, reference] (reference: CUDA's extra dtypes), or
+                        # [dtype, mode, backward] from a worker speaking the older form.
+                        remaining = [(u[0], u[1], bool(u[2]), u[3] if len(u) > 3 else "") for u in event["units"]]
+                        if not any(not u[3] for u in remaining) and not results:
                             supported = ", ".join(event["supported"]) or "nothing"
                             results.append(PairResult(entry, "-", FORWARD, SKIPPED_ON_CPU,
                                                       f"none of the sweep's dtypes (the CPU supports: {supported})"))
                     elif kind == "begin":
                         assert remaining is not None
-                        current = next(p for p in remaining if p[0] == event["dtype"])
+                        current = next(u for u in remaining if u[:2] == (event["dtype"], event["mode"]))
                         phase = "setup"
                         worker.mark_log()
                         deadline = time.monotonic() + self.timeout
                     elif kind == "phase":
                         phase = f"{event['phase']} of sample {event['sample']}"
+                        if self.per_sample:
+                            deadline = time.monotonic() + self.timeout
                     elif kind in (FORWARD, BACKWARD):
                         assert remaining is not None and current is not None
-                        row = PairResult(entry, event["dtype"], kind, *event["outcome"],
-                                         reference=references.get(event["dtype"], ""))
+                        row = PairResult(entry, event["dtype"], kind, *event["outcome"], mode=event["mode"],
+                                         reference=current[3])
                         if row.verdict not in (PASS, SKIPPED_ON_CPU) and not self.daemon.alive():
-                            raise DaemonGone()  # the failure is the daemon's death, not the operator's
+                            raise DaemonGone()  # the failure is the daemon's death, not the entry's
                         results.append(row)
-                        if kind == BACKWARD or not current[1]:
+                        if kind == BACKWARD or not current[2]:
                             remaining.remove(current)
                             current = None
                     elif kind == "done":
@@ -386,8 +401,9 @@ class Sweeper:
             except (WorkerDied, WorkerHung, DaemonGone) as failure:
                 verdict = TIMEOUT if isinstance(failure, WorkerHung) else CRASH
                 if isinstance(failure, WorkerHung):
-                    # Without the sample index: how far a hung pair got depends on the machine's load.
-                    message = f"no result within {self.timeout:g} s (during {phase.split(' of ')[0]})"
+                    # Without the sample index: how far a hung unit got depends on the machine's load.
+                    per = " per sample" if self.per_sample else ""
+                    message = f"no result within {self.timeout:g} s{per} (during {phase.split(' of ')[0]})"
                 elif isinstance(failure, DaemonGone):
                     message = f"{self.daemon.describe_death()} during {phase}"
                 else:
@@ -399,15 +415,14 @@ class Sweeper:
                 if daemon_news and not isinstance(failure, DaemonGone):
                     message = f"{daemon_news}; {message}"
                 if current is None:
-                    # Before any dtype began (the plan itself failed): the entry as a whole.
+                    # Before any unit began (the plan itself failed): the entry as a whole.
                     results.append(PairResult(entry, "-", FORWARD, verdict, message))
                     return results
-                dtype, backward = current
-                reference = references.get(dtype, "")
-                if not any(r.dtype == dtype and r.direction == FORWARD for r in results):
-                    results.append(PairResult(entry, dtype, FORWARD, verdict, message, reference))
+                dtype, mode, backward, reference = current
+                if not any(r.dtype == dtype and r.mode == mode and r.direction == FORWARD for r in results):
+                    results.append(PairResult(entry, dtype, FORWARD, verdict, message, mode=mode, reference=reference))
                 if backward:
-                    results.append(PairResult(entry, dtype, BACKWARD, verdict, message, reference))
+                    results.append(PairResult(entry, dtype, BACKWARD, verdict, message, mode=mode, reference=reference))
                 assert remaining is not None
                 remaining.remove(current)
         return results
@@ -437,7 +452,8 @@ def sweep(
 
 
 def _print_entry(i: int, n: int, entry: str, rows: list[PairResult]) -> None:
-    summary = " ".join(f"{r.dtype}/{r.direction[0]}:{r.verdict}" for r in rows if r.verdict != "PASS")
+    summary = " ".join(f"{r.dtype}{'/' + r.mode if r.mode else ''}/{r.direction[0]}:{r.verdict}"
+                       for r in rows if r.verdict != "PASS")
     print(f"[{i + 1}/{n}] {entry}: {len(rows)} rows{' ' + summary if summary else ', all PASS'}",
           flush=True)
 
@@ -445,9 +461,12 @@ def _print_entry(i: int, n: int, entry: str, rows: list[PairResult]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="results file (JSON lines)")
+    parser.add_argument("--suite", choices=sorted(SUITE_NAMES), default="ops")
     parser.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help="seconds per (entry, dtype) before it is a TIMEOUT")
+                        help="seconds per unit (or sample) before it is a TIMEOUT")
+    parser.add_argument("--timeout-per", choices=("unit", "sample"), default="unit",
+                        help="what --timeout limits: a whole (entry, dtype[, mode]) or each sample of it")
     parser.add_argument("--endpoint", help="use this flagosd instead of starting one")
     parser.add_argument("--only", nargs="+", metavar="ENTRY",
                         help="run only these entries; merge into an existing --out")
@@ -459,7 +478,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     daemon = DaemonHandle(args.endpoint, log_dir)
-    sweeper = Sweeper(daemon, log_dir, args.max_samples, args.timeout)
+    sweeper = Sweeper(daemon, log_dir, args.max_samples, args.timeout, args.suite, args.timeout_per == "sample")
     try:
         known = sweeper.entries()
         if args.only:
@@ -469,8 +488,9 @@ def main() -> None:
             entries = sorted(set(args.only))
         else:
             entries = known
-        print(f"sweeping {len(entries)} OpInfo entries, at most {args.max_samples} samples per "
-              f"(entry, dtype), {args.timeout:g} s limit each, flagosd at {daemon.endpoint}", flush=True)
+        samples = f"at most {args.max_samples}" if args.max_samples > 0 else "all"
+        print(f"sweeping {len(entries)} {SUITE_NAMES[args.suite]}, {samples} samples per unit, "
+              f"{args.timeout:g} s limit per {args.timeout_per}, flagosd at {daemon.endpoint}", flush=True)
         partial = args.out.with_name(args.out.name + ".partial")
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.unlink(missing_ok=True)

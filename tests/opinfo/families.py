@@ -1,7 +1,8 @@
-"""Which family an OpInfo entry belongs to, which entries are random, and the CI subset.
+"""Which family a sweep entry belongs to, which entries are random, and the CI subsets.
 
-Torch-free: entries are named by their entry key (`name` or
-`name.variant_test_name`, see results.entry_key).
+Torch-free: OpInfo entries are named by their entry key (`name` or
+`name.variant_test_name`, see results.entry_key), ModuleInfo entries by
+their name ("nn.Linear").
 """
 
 from __future__ import annotations
@@ -156,13 +157,29 @@ SUBSET: dict[str, tuple[str, ...]] = {
 }
 
 
-def subset_entries() -> list[str]:
-    """The CI subset's entries, sorted, without duplicates."""
-    return sorted({entry for entries in SUBSET.values() for entry in entries})
+# The module sweep's CI subset (tests/opinfo/test_module_subset.py), by family;
+# each runs its first MODULE_SUBSET_MAX_SAMPLES samples per (dtype, mode).
+MODULE_SUBSET: dict[str, tuple[str, ...]] = {
+    "linear and convolution": ("nn.Linear", "nn.Bilinear", "nn.Conv2d", "nn.ConvTranspose1d", "nn.LazyConv1d"),
+    "pooling and padding": ("nn.MaxPool2d", "nn.AvgPool3d", "nn.AdaptiveAvgPool2d", "nn.FractionalMaxPool2d",
+                            "nn.ReflectionPad2d", "nn.CircularPad1d"),
+    "normalization": ("nn.BatchNorm2d", "nn.LayerNorm", "nn.GroupNorm", "nn.InstanceNorm1d", "nn.RMSNorm"),
+    "activations": ("nn.GELU", "nn.PReLU", "nn.Softmax", "nn.Hardswish"),
+    "losses": ("nn.CrossEntropyLoss", "nn.NLLLoss", "nn.CTCLoss", "nn.KLDivLoss", "nn.MultiMarginLoss"),
+    "recurrent": ("nn.LSTM", "nn.GRUCell"),
+    "attention and transformers": ("nn.MultiheadAttention", "nn.TransformerEncoderLayer"),
+    "embedding": ("nn.Embedding",),
+}
+MODULE_SUBSET_MAX_SAMPLES = 2
 
 
-def family_of(entry: str) -> str | None:
-    for family, entries in SUBSET.items():
+def subset_entries(subset: dict[str, tuple[str, ...]] = SUBSET) -> list[str]:
+    """A CI subset's entries, sorted, without duplicates."""
+    return sorted({entry for entries in subset.values() for entry in entries})
+
+
+def family_of(entry: str, subset: dict[str, tuple[str, ...]] = SUBSET) -> str | None:
+    for family, entries in subset.items():
         if entry in entries:
             return family
     return None

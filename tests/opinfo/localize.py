@@ -1,8 +1,9 @@
 """Finds the first ATen operator whose flagos result differs from the CPU's.
 
     python3 tests/opinfo/localize.py ENTRY DTYPE [--sample N] [--backward]
+    python3 tests/opinfo/localize.py --suite modules ENTRY DTYPE --mode train|eval [--sample N] [--backward]
 
-For a WRONG row of the sweep: reruns sample N of the OpInfo entry on flagos
+For a WRONG row of a sweep: reruns sample N of the OpInfo (or ModuleInfo) entry on flagos
 under a TorchDispatchMode that also runs every ATen call on CPU copies of its
 arguments and compares the two results, then prints each call that differs
 (the first one is usually the culprit; later ones inherit its error). When
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import itertools
+import importlib
 import sys
 import warnings
 from pathlib import Path
@@ -28,15 +29,16 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
-import harness  # noqa: E402
+import compare  # noqa: E402
+from worker import SUITES  # noqa: E402
 
 
 def _cpu(v: Any) -> Any:
-    return v.detach().cpu() if isinstance(v, torch.Tensor) and v.device.type == harness.DEVICE else v
+    return v.detach().cpu() if isinstance(v, torch.Tensor) and v.device.type == compare.DEVICE else v
 
 
 def _device(v: Any) -> Any:
-    if isinstance(v, torch.device) and v.type == harness.DEVICE:
+    if isinstance(v, torch.device) and v.type == compare.DEVICE:
         return torch.device("cpu")
     return v
 
@@ -78,7 +80,7 @@ class CompareEachOp(TorchDispatchMode):
             return out
         flagos_inputs = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)]
         outputs = [v for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
-        if not any(t.device.type == harness.DEVICE for t in flagos_inputs + outputs):
+        if not any(t.device.type == compare.DEVICE for t in flagos_inputs + outputs):
             return out  # a CPU-only call (e.g. making the backward's weights)
         if any(t.is_conj() or t.is_neg() for t in flagos_inputs + outputs):
             # Lazy conj/neg bits: copying them under this mode is not reliable; not compared.
@@ -87,9 +89,9 @@ class CompareEachOp(TorchDispatchMode):
         try:
             expected = func(*cpu_args[0], **cpu_args[1])
         except Exception as e:  # the CPU refuses these arguments: report, go on
-            self.differences.append(f"#{self.calls} {func}: the CPU raised {harness.describe(e)}")
+            self.differences.append(f"#{self.calls} {func}: the CPU raised {compare.describe(e)}")
             return out
-        diff = harness.mismatch(harness.to_cpu(out), harness.to_cpu(expected), random=False, tol=None)
+        diff = compare.mismatch(compare.to_cpu(out), compare.to_cpu(expected), random=False, tol=None)
         if diff:
             shapes = [(tuple(t.shape), str(t.dtype), t.stride()) for t in flagos_inputs]
             self.differences.append(f"#{self.calls} {func} inputs {shapes}: {diff}")
@@ -98,29 +100,32 @@ class CompareEachOp(TorchDispatchMode):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="ops")
     parser.add_argument("entry")
-    parser.add_argument("dtype", choices=list(harness.DTYPES))
+    parser.add_argument("dtype")
+    parser.add_argument("--mode", default="", help="modules: train or eval")
     parser.add_argument("--sample", type=int, default=0)
     parser.add_argument("--backward", action="store_true", help="also trace the backward")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
-    op = harness.all_entries()[args.entry]
-    plan = {p.dtype: p.backward for p in harness.plan(op)}
-    backward = plan.get(args.dtype, False)
-    torch.manual_seed(harness.SAMPLE_SEED)
-    samples = list(itertools.islice(op.sample_inputs("cpu", harness.DTYPES[args.dtype], requires_grad=backward),
-                                    args.sample + 1))
+    suite = importlib.import_module(SUITES[args.suite])
+    entry = suite.all_entries()[args.entry]
+    units = {(p.dtype, p.mode): p for p in suite.plan(entry)}
+    unit = units.get((args.dtype, args.mode))
+    if unit is None:
+        sys.exit(f"{args.entry} has no unit {args.dtype} {args.mode!r}; it has: {sorted(units)}")
+    sample = suite.samples(entry, unit, args.sample + 1)[args.sample]
+
     def run(device: str, mode: TorchDispatchMode) -> None:
-        sample = harness.Copier(device).sample(samples[args.sample], entry=args.entry)
         with mode:
-            out = op(sample.input, *sample.args, **sample.kwargs)
-            if args.backward and backward:
-                harness.gradients(sample.output_process_fn_grad(out), harness.grad_leaves(sample), device)
+            side = sample.run(device)
+            if args.backward and unit.backward:
+                side.gradients()
 
     on_cpu, on_flagos = LogOps(), CompareEachOp()
     run("cpu", on_cpu)
-    run(harness.DEVICE, on_flagos)
+    run(compare.DEVICE, on_flagos)
     print(f"{on_flagos.calls} ATen calls, {len(on_flagos.differences)} differ from the CPU, "
           f"{on_flagos.skipped} not compared (conj/neg views)")
     for line in on_flagos.differences:

@@ -1,4 +1,7 @@
-"""The sweep's data model: one verdict per (OpInfo entry, dtype, direction).
+"""The sweeps' data model: one verdict per (entry, dtype, mode, direction).
+
+Entries are OpInfo entries (the operator sweep; mode "") or ModuleInfo
+entries (the module sweep; mode "train" or "eval").
 
 Torch-free, so that the driver and the report can use it without importing
 torch. Results travel between processes and files as JSON lines.
@@ -18,13 +21,19 @@ CRASH = "CRASH"  # the worker process or flagosd died
 TIMEOUT = "TIMEOUT"  # the (entry, dtype) hung past its limit
 SKIPPED_ON_CPU = "SKIPPED_ON_CPU"  # the CPU reference raised for every sample (or had none)
 BLOCKED = "BLOCKED"  # backward only: not run because the forward failed on flagos
+NEEDS_CUDA = "NEEDS_CUDA"  # flagos raised because the entry uses a feature only CUDA has
 
 # Worst first: the verdict of a pair is the worst of its samples' verdicts.
-SEVERITY: tuple[str, ...] = (CRASH, TIMEOUT, ERROR, WRONG, BLOCKED, PASS, SKIPPED_ON_CPU)
+SEVERITY: tuple[str, ...] = (CRASH, TIMEOUT, ERROR, NEEDS_CUDA, WRONG, BLOCKED, PASS, SKIPPED_ON_CPU)
 
 FORWARD = "forward"
 BACKWARD = "backward"
 DIRECTIONS: tuple[str, ...] = (FORWARD, BACKWARD)
+
+# The module sweep's modes (module.train(), module.eval()), in report order.
+TRAIN = "train"
+EVAL = "eval"
+MODES: tuple[str, ...] = ("", TRAIN, EVAL)
 
 # The dtypes the sweep tries, in report order.
 SWEEP_DTYPES: tuple[str, ...] = (
@@ -67,12 +76,12 @@ class Outcome:
 
 @dataclass(frozen=True)
 class PairResult:
-    """One row of the sweep: entry is OpInfo `name` or `name.variant_test_name`.
+    """One row of a sweep: entry is OpInfo `name` or `name.variant_test_name`, or a ModuleInfo name.
 
-    `reference` is empty for the dtypes the entry supports on the CPU (the
-    CPU reference runs at the row's dtype); for CUDA's extra dtypes (OpInfo's
-    supported_dtypes("cuda") minus supported_dtypes("cpu")) it names the
-    wider dtype the CPU reference was computed in.
+    `reference` (operators) is empty for the dtypes the entry supports on the
+    CPU (the CPU reference runs at the row's dtype); for CUDA's extra dtypes
+    (OpInfo's supported_dtypes("cuda") minus supported_dtypes("cpu")) it
+    names the wider dtype the CPU reference was computed in.
     """
 
     entry: str
@@ -80,11 +89,12 @@ class PairResult:
     direction: str
     verdict: str
     message: str = ""
-    reference: str = ""
+    mode: str = ""  # modules: "train" or "eval"
+    reference: str = ""  # operators, CUDA's extra dtypes: the wider dtype of the CPU reference
 
-    def sort_key(self) -> tuple[str, int, int]:
+    def sort_key(self) -> tuple[str, int, int, int]:
         return (self.entry, SWEEP_DTYPES.index(self.dtype) if self.dtype in SWEEP_DTYPES else 99,
-                DIRECTIONS.index(self.direction))
+                MODES.index(self.mode), DIRECTIONS.index(self.direction))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -111,3 +121,16 @@ def read_results(path: Path) -> Iterator[PairResult]:
 def entry_key(name: str, variant: str) -> str:
     """The stable name of an OpInfo entry."""
     return f"{name}.{variant}" if variant else name
+
+
+def not_passing(rows: Iterable[PairResult]) -> list[PairResult]:
+    """The rows that are neither PASS nor SKIPPED_ON_CPU."""
+    return [r for r in rows if r.verdict not in (PASS, SKIPPED_ON_CPU)]
+
+
+def format_rows(rows: Iterable[PairResult]) -> str:
+    """One indented line per row: dtype, mode (if any), reference (if any), direction, verdict, message."""
+    return "\n".join(
+        f"  {r.dtype}{' ' + r.mode if r.mode else ''}{' (reference ' + r.reference + ')' if r.reference else ''}"
+        f" {r.direction}: {r.verdict}: {r.message}" for r in rows
+    )

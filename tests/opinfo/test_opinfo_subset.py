@@ -12,7 +12,7 @@ import pytest
 
 from driver import Sweeper
 from families import SUBSET, subset_entries
-from results import PASS, SKIPPED_ON_CPU
+from results import format_rows, not_passing
 
 
 def test_subset_names_exist(sweeper: Sweeper) -> None:
@@ -26,7 +26,5 @@ def test_subset_names_exist(sweeper: Sweeper) -> None:
 def test_entry(sweeper: Sweeper, entry: str) -> None:
     rows = sweeper.run_entry(entry)
     assert rows, f"{entry}: no results"
-    bad = [r for r in rows if r.verdict not in (PASS, SKIPPED_ON_CPU)]
-    assert not bad, f"{entry}:\n" + "\n".join(
-        f"  {r.dtype} {r.direction}: {r.verdict}: {r.message}" for r in bad
-    )
+    bad = not_passing(rows)
+    assert not bad, f"{entry}:\n{format_rows(bad)}"

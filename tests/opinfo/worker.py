@@ -1,24 +1,29 @@
-"""The sweep's child process: runs OpInfo entries on request, reports as JSON lines.
+"""The sweeps' child process: runs entries of one suite on request, reports as JSON lines.
 
-    python3 tests/opinfo/worker.py --result-fd N
+    python3 tests/opinfo/worker.py --result-fd N [--suite ops|modules]
 
-Reads one JSON request per line on stdin and writes JSON events to file
-descriptor N (stdout and stderr are left to torch, which may print there):
+The suite: "ops" (OpInfo entries, harness.py) or "modules" (ModuleInfo
+entries, module_harness.py); each gives all_entries, plan, supported,
+samples, DTYPES, SAMPLE_SOURCE and error_verdict, and compare.compare_samples
+runs a unit's samples on both devices. Reads one JSON request per line on stdin and
+writes JSON events to file descriptor N (stdout and stderr are left to torch,
+which may print there):
 
     {"cmd": "list"}
         -> {"event": "entries", "entries": [key, ...]}
     {"cmd": "ping"}
         -> {"event": "pong"}   (after a tiny operator ran on every flagos device)
-    {"cmd": "run", "entry": key, "dtypes": [name, ...] | null, "max_samples": 8}
-        -> {"event": "plan", "dtypes": [[name, backward, reference], ...], "supported": [name, ...]}
-           (the dtypes it will run: all the entry supports on the CPU, reference "",
-           then CUDA's extra dtypes, reference the wider dtype of the CPU reference;
-           supported: the CPU's)
-           per dtype: {"event": "begin", "dtype": name}
-                      {"event": "phase", "dtype": name, "sample": i, "phase": "forward"|"backward"}
-                      {"event": "forward", "dtype": name, "outcome": [verdict, message]}
-                      {"event": "backward", "dtype": name, "outcome": [verdict, message]}
-                          (only when gradients are compared at that dtype)
+    {"cmd": "run", "entry": key, "units": [[dtype, mode], ...] | null, "max_samples": 8}
+        -> {"event": "plan", "units": [[dtype, mode, backward, reference], ...], "supported": [name, ...]}
+           (the units it will run: dtypes, and for modules modes "train"/"eval";
+           the mode is "" for operators; reference "", or for operators'
+           CUDA's extra dtypes the wider dtype of the CPU reference, after
+           all the dtypes the entry supports on the CPU; supported: the CPU's)
+           per unit: {"event": "begin", "dtype": name, "mode": mode}
+                     {"event": "phase", "dtype": name, "mode": mode, "sample": i, "phase": "forward"|"backward"}
+                     {"event": "forward", "dtype": name, "mode": mode, "outcome": [verdict, message]}
+                     {"event": "backward", "dtype": name, "mode": mode, "outcome": [verdict, message]}
+                         (only when gradients are compared in that unit)
            {"event": "done"}
 
 FLAGOS_ENDPOINT names the daemon. The driver restarts this process when it
@@ -37,9 +42,15 @@ from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import importlib  # noqa: E402
+from types import ModuleType  # noqa: E402
+
 import torch  # noqa: E402
 
-import harness  # noqa: E402
+from compare import compare_samples, tolerances  # noqa: E402
+from results import Outcome  # noqa: E402
+
+SUITES = {"ops": "harness", "modules": "module_harness"}
 
 
 class Events:
@@ -51,25 +62,28 @@ class Events:
         self.out.flush()
 
 
-def run(events: Events, entries: dict[str, Any], request: dict[str, Any]) -> None:
-    op = entries[request["entry"]]
-    wanted = request.get("dtypes")
-    dtype_plan = [p for p in harness.plan(op) if wanted is None or p.dtype in wanted]
-    supported = sorted(str(d).removeprefix("torch.") for d in op.supported_dtypes("cpu"))
-    events.send("plan", dtypes=[[p.dtype, p.backward, p.reference] for p in dtype_plan], supported=supported)
-    for p in dtype_plan:
-        events.send("begin", dtype=p.dtype)
+def run(events: Events, suite: ModuleType, entries: dict[str, Any], request: dict[str, Any]) -> None:
+    entry = entries[request["entry"]]
+    wanted = request.get("units")
+    units = [p for p in suite.plan(entry) if wanted is None or [p.dtype, p.mode] in wanted]
+    events.send("plan", units=[[p.dtype, p.mode, p.backward, p.reference] for p in units],
+                supported=suite.supported(entry))
+    for p in units:
+        where = {"dtype": p.dtype, "mode": p.mode}
+        events.send("begin", **where)
 
-        def progress(sample: int, phase: str, dtype: str = p.dtype) -> None:
-            events.send("phase", dtype=dtype, sample=sample, phase=phase)
+        def progress(sample: int, phase: str, where: dict[str, str] = where) -> None:
+            events.send("phase", **where, sample=sample, phase=phase)
 
-        def on_forward(outcome: harness.Outcome, dtype: str = p.dtype) -> None:
-            events.send("forward", dtype=dtype, outcome=[outcome.verdict, outcome.message])
+        def on_forward(outcome: Outcome, where: dict[str, str] = where) -> None:
+            events.send("forward", **where, outcome=[outcome.verdict, outcome.message])
 
-        _, backward = harness.run_pair(op, p.dtype, p.backward, request["max_samples"], progress, on_forward,
-                                       p.reference)
+        _, backward = compare_samples(
+            lambda p=p: suite.samples(entry, p, request["max_samples"]), suite.SAMPLE_SOURCE, p.backward,
+            tolerances(entry.decorators, suite.DTYPES[p.dtype], "cuda" if p.reference else "cpu"),
+            progress, on_forward, suite.error_verdict)
         if backward is not None:
-            events.send("backward", dtype=p.dtype, outcome=[backward.verdict, backward.message])
+            events.send("backward", **where, outcome=[backward.verdict, backward.message])
     events.send("done")
 
 
@@ -82,11 +96,13 @@ def ping() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="ops")
     args = parser.parse_args()
     events = Events(os.fdopen(args.result_fd, "w"))
     warnings.simplefilter("ignore")
     # torch's default thread count, like flagosd's: reductions then split the same way on both sides.
-    entries = harness.all_entries()
+    suite = importlib.import_module(SUITES[args.suite])
+    entries = suite.all_entries()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -97,7 +113,7 @@ def main() -> None:
             ping()
             events.send("pong")
         elif request["cmd"] == "run":
-            run(events, entries, request)
+            run(events, suite, entries, request)
         else:
             raise ValueError(f"unknown request {request!r}")
 

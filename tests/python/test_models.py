@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models import FL, prefixed, cnn_data, make_cnn, make_transformer, transformer_data
 
@@ -173,12 +174,46 @@ def test_scaled_dot_product_attention_matches_cpu() -> None:
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5, msg=prefixed(name))
 
 
+class _AtenCalls(TorchDispatchMode):
+    """Records the ATen operators called under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mask", ["causal", "additive", "none"])
+def test_scaled_dot_product_attention_uses_the_cpus_kernel(mask: str) -> None:
+    # Where the CPU runs its fused flash-attention kernel, flagos must too (not
+    # the math decomposition, whose float32 gradients differ beyond 1e-5).
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 2, 8, 8, generator=gen) for _ in range(3))
+    attn_mask = torch.randn(8, 8, generator=gen) if mask == "additive" else None
+
+    def calls(device: torch.device | str) -> list[str]:
+        inputs = [t.to(device) for t in (q, k, v)]
+        with _AtenCalls() as mode:
+            nn.functional.scaled_dot_product_attention(
+                *inputs, attn_mask=None if attn_mask is None else attn_mask.to(device),
+                is_causal=mask == "causal")
+        return [name for name in mode.names if "attention" in name]
+
+    expected = calls("cpu")
+    assert expected, "the CPU ran no attention operator"
+    assert calls(FL) == expected
+
+
 # ------------------------------------------------------------------ more layers, forward + backward
 
 _gen = torch.Generator().manual_seed(1)
 IMG = torch.randn(2, 4, 8, 8, generator=_gen)
 SEQ = torch.randn(2, 5, 6, generator=_gen)
 TOKENS = torch.randint(0, 10, (2, 5), generator=_gen)
+LABELS = torch.tensor([3, 0, -1, 1, 2, 5])  # multilabel targets: classes, then -1
 
 LAYERS: dict[str, tuple[Callable[[], nn.Module], tuple[torch.Tensor, ...], Callable]] = {
     "group_norm": (lambda: nn.GroupNorm(2, 4), (IMG,), lambda y: y),
@@ -195,6 +230,14 @@ LAYERS: dict[str, tuple[Callable[[], nn.Module], tuple[torch.Tensor, ...], Calla
     "lstm": (lambda: nn.LSTM(6, 4, batch_first=True), (SEQ,), lambda y: y[0]),
     "gru": (lambda: nn.GRU(6, 4, batch_first=True, num_layers=2), (SEQ,), lambda y: y[0]),
     "rnn_tanh": (lambda: nn.RNN(6, 4, batch_first=True), (SEQ,), lambda y: y[0]),
+    # Fused cells without biases: the LSTM cell's meta function fails on a None
+    # bias, the GRU cell's backward returns undefined bias gradients.
+    "lstm_no_bias": (lambda: nn.LSTM(6, 4, batch_first=True, bias=False), (SEQ,), lambda y: y[0]),
+    "gru_no_bias": (lambda: nn.GRU(6, 4, batch_first=True, bias=False), (SEQ,), lambda y: y[0]),
+    # Without reduction, a 1-d input's loss is 0-d on the CPU (one element by the meta function).
+    "multilabel_margin_loss_1d_no_reduction": (
+        lambda: nn.MultiLabelMarginLoss(reduction="none"), (SEQ[0, 0], LABELS), lambda y: y
+    ),
     "embedding_padding_idx": (lambda: nn.Embedding(10, 4, padding_idx=0), (TOKENS,), lambda y: y),
     "embedding_bag_mean": (lambda: nn.EmbeddingBag(10, 4, mode="mean"), (TOKENS,), lambda y: y),
     "multihead_attention_weights": (
