@@ -227,7 +227,7 @@ def test_a_crashed_session_frees_its_pinned_regions(start_daemon, spawn_python, 
     baseline = scrape(url)
     assert value(baseline, "flagosd_pinned_bytes") == 0
     proc = spawn_python(CRASHING, env={"FLAGOS_ENDPOINT": d.endpoint})
-    assert read_line(proc) == "pinned"
+    assert read_line(proc).strip() == "pinned"
     alive = scrape(url)
     assert value(alive, "flagosd_pinned_bytes") >= 8 * MIB
     assert value(alive, "flagosd_staging_bytes") > 0
