@@ -99,7 +99,15 @@ v1::SessionInfo Session::Info() const {
     absl::MutexLock lock(&staging_mu_);
     info.set_staging_attached(staging_ != nullptr);
   }
-  info.set_pinned_bytes(pinned_bytes());
+  {
+    absl::MutexLock lock(&pinned_mu_);
+    info.set_pinned_bytes(pinned_total_bytes_);
+    uint64_t registered = 0;
+    for (const auto& [id, region] : pinned_) {
+      if (region->registered()) registered += region->nbytes();
+    }
+    info.set_pinned_registered_bytes(registered);
+  }
   info.set_torch_version(torch_version_);
   info.set_command_line(command_line_);
   {
@@ -166,8 +174,8 @@ absl::Status Session::AttachPinned(const v1::StagingAttach& attach, int fd) {
     } else if (pinned_.size() >= kMaxPinnedRegionsPerSession) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "session ", id_, " already has ", pinned_.size(),
-          " pinned regions, the most flagosd allows; release some (torch_fl empties its "
-          "cache with torch.flagos.host_empty_cache())"));
+          " pinned regions, the most flagosd allows; free pinned tensors (their cached blocks "
+          "go back with the host allocator's empty_cache) or pin fewer, larger buffers"));
     } else if (nbytes > kMaxPinnedBytesPerSession - pinned_total_bytes_) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "session ", id_, ": pinning ", nbytes, " more bytes would exceed the ",

@@ -62,6 +62,7 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
     session["staged_bytes"] = s.staged_bytes();
     session["staging_attached"] = s.staging_attached();
     session["pinned_bytes"] = s.pinned_bytes();
+    session["pinned_registered_bytes"] = s.pinned_registered_bytes();
     sessions.append(session);
   }
   out["sessions"] = sessions;

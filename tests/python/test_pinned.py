@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torch_fl  # noqa: F401  (registers "flagos")
+from flagos_test_env import on_kunlunxin
 from test_metrics import scrape, value
 
 MIB = 1 << 20
@@ -50,7 +52,14 @@ def test_pinned_memory_is_a_region_the_daemon_maps() -> None:
     p = torch.empty(3 * MIB, dtype=torch.uint8, pin_memory=True)
     assert p.is_pinned()
     # A fresh 4 MiB block (sizes round up to powers of two, as CUDA's do).
-    assert my_session()["pinned_bytes"] - before >= 3 * MIB
+    session = my_session()
+    assert session["pinned_bytes"] - before >= 3 * MIB
+    # Registered for DMA through the backend's host_register slot where it
+    # has one (kunlunxin: xpu_host_register); a gap on cpu.
+    if on_kunlunxin():
+        assert session["pinned_registered_bytes"] == session["pinned_bytes"]
+    else:
+        assert session["pinned_registered_bytes"] == 0
 
 
 def test_blocking_copies_from_and_into_pinned_memory_match_cpu() -> None:
@@ -204,8 +213,22 @@ print(json.dumps({"pinned": p.is_pinned() and out.is_pinned(),
 """
 
 
-def test_without_shared_memory_pinning_falls_back_to_ordinary_memory(run_python) -> None:
-    result = run_python(FALLBACK, env={"FLAGOS_STAGING": "0"})
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("carrier", ["tcp", "staging_off"])
+def test_without_shared_memory_pinning_falls_back_to_ordinary_memory(
+        carrier: str, run_python, start_daemon) -> None:
+    if carrier == "tcp":
+        port = free_tcp_port()
+        start_daemon(extra_args=[f"--listen=127.0.0.1:{port}"])
+        env = {"FLAGOS_ENDPOINT": f"127.0.0.1:{port}"}
+    else:
+        env = {"FLAGOS_STAGING": "0"}
+    result = run_python(FALLBACK, env=env)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out == {"pinned": True, "equal": True, "pinned_bytes": 0, "attached": False}
