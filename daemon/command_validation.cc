@@ -186,6 +186,7 @@ absl::string_view CommandKindName(const v1::Command& command) {
     case v1::Command::kDestroyEvent: return "destroy_event";
     case v1::Command::kQueryStream: return "query_stream";
     case v1::Command::kPlaceResult: return "place_result";
+    case v1::Command::kReleasePinned: return "release_pinned";
     case v1::Command::KIND_NOT_SET: return "empty";
   }
   return "unknown";

@@ -166,6 +166,13 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
                                  MetricType::Gauge);
     Add(staged, static_cast<double>(staging));
     out.push_back(std::move(staged));
+    uint64_t pinned = 0;
+    for (const auto& session : sessions) pinned += session->pinned_bytes();
+    MetricFamily pinned_family = Family("flagosd_pinned_bytes",
+                                        "Pinned host memory regions mapped for live sessions.",
+                                        MetricType::Gauge);
+    Add(pinned_family, static_cast<double>(pinned));
+    out.push_back(std::move(pinned_family));
 
     for (MetricFamily& family : metrics_.registry()->Collect()) out.push_back(std::move(family));
     return out;

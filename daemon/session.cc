@@ -99,6 +99,15 @@ v1::SessionInfo Session::Info() const {
     absl::MutexLock lock(&staging_mu_);
     info.set_staging_attached(staging_ != nullptr);
   }
+  {
+    absl::MutexLock lock(&pinned_mu_);
+    info.set_pinned_bytes(pinned_total_bytes_);
+    uint64_t registered = 0;
+    for (const auto& [id, region] : pinned_) {
+      if (region->registered()) registered += region->nbytes();
+    }
+    info.set_pinned_registered_bytes(registered);
+  }
   info.set_torch_version(torch_version_);
   info.set_command_line(command_line_);
   {
@@ -144,6 +153,92 @@ absl::Status Session::AttachStaging(const v1::StagingAttach& attach, int fd, int
   LogInfo(absl::StrCat("session ", id_, " (pid ", pid_, "): staging region of ",
                        staging_->data_bytes(), " bytes attached"));
   return absl::OkStatus();
+}
+
+absl::Status Session::AttachPinned(const v1::StagingAttach& attach, int fd) {
+  const uint64_t id = attach.pinned().id();
+  const uint64_t nbytes = attach.pinned().nbytes();
+  absl::Status refused;
+  if (!SameSecret(attach.token(), staging_token_)) {
+    refused = absl::PermissionDeniedError(absl::StrCat(
+        "the pinned-region attach for session ", id_,
+        " carries the wrong token; only the process that opened the session may attach"));
+  } else if (id == 0) {
+    refused = absl::InvalidArgumentError(
+        absl::StrCat("session ", id_, ": pinned region id 0 is reserved; mint ids from 1"));
+  } else {
+    absl::MutexLock lock(&pinned_mu_);
+    if (pinned_.contains(id)) {
+      refused = absl::AlreadyExistsError(
+          absl::StrCat("session ", id_, " already has pinned region ", id));
+    } else if (pinned_.size() >= kMaxPinnedRegionsPerSession) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "session ", id_, " already has ", pinned_.size(),
+          " pinned regions, the most flagosd allows; free pinned tensors (their cached blocks "
+          "go back with the host allocator's empty_cache) or pin fewer, larger buffers"));
+    } else if (nbytes > kMaxPinnedBytesPerSession - pinned_total_bytes_) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "session ", id_, ": pinning ", nbytes, " more bytes would exceed the ",
+          kMaxPinnedBytesPerSession, " bytes of pinned host memory a session may hold (",
+          pinned_total_bytes_, " pinned now)"));
+    }
+  }
+  if (!refused.ok()) {
+    close(fd);
+    return refused;
+  }
+  absl::StatusOr<std::unique_ptr<PinnedRegion>> region =
+      PinnedRegion::Map(id, fd, nbytes, &backend_.runtime());
+  if (!region.ok()) return region.status();
+  absl::MutexLock lock(&pinned_mu_);
+  // Checked again: another attach of the session may have raced this one.
+  if (pinned_.contains(id) || nbytes > kMaxPinnedBytesPerSession - pinned_total_bytes_) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "session ", id_, ": pinned region ", id, " was attached concurrently, or the session's "
+        "pinned bytes reached their bound meanwhile"));
+  }
+  pinned_total_bytes_ += nbytes;
+  pinned_.emplace(id, *std::move(region));
+  return absl::OkStatus();
+}
+
+uint64_t Session::pinned_bytes() const {
+  absl::MutexLock lock(&pinned_mu_);
+  return pinned_total_bytes_;
+}
+
+absl::StatusOr<std::shared_ptr<PinnedRegion>> Session::Pinned(const v1::Command& command,
+                                                              uint64_t region) const {
+  absl::MutexLock lock(&pinned_mu_);
+  auto it = pinned_.find(region);
+  if (it == pinned_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "command ", command.seq(), " (", CommandKindName(command), ") names pinned region ",
+        region, ", which session ", id_, " has not attached (or has released)"));
+  }
+  return it->second;
+}
+
+void Session::ScheduleReleasePinned(uint64_t seq, uint64_t region) {
+  // Copies still queued or in flight hold their own reference; the mapping
+  // goes when the last of them completes.
+  AfterQueuedWork(-1, [this, seq, region](absl::Status /*errors are the commands'*/) {
+    bool found;
+    {
+      absl::MutexLock lock(&pinned_mu_);
+      auto it = pinned_.find(region);
+      found = it != pinned_.end();
+      if (found) {
+        pinned_total_bytes_ -= it->second->nbytes();
+        pinned_.erase(it);
+      }
+    }
+    if (!found) {
+      ReplyError(seq, "release_pinned",
+                 absl::NotFoundError(absl::StrCat("session ", id_, " has no pinned region ",
+                                                  region, " to release")));
+    }
+  });
 }
 
 absl::StatusOr<std::shared_ptr<StagingRegion>> Session::Staging(
@@ -221,6 +316,8 @@ void Session::Dispatch(v1::Command command, bool ordered) {
     case v1::Command::kFree:
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
       return ScheduleFree(seq, command.device(), command.free().addr());
+    case v1::Command::kReleasePinned:
+      return ScheduleReleasePinned(seq, command.release_pinned().region());
     case v1::Command::kSync: {
       if (command.sync().stream_only()) {
         if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
@@ -422,7 +519,8 @@ void Session::Enqueue(v1::Command command) {
   // The client waits for this command's reply, and its queue is idle (only
   // this thread pushes to it): run it here rather than waking the worker,
   // which saves two thread switches on every synchronous round trip.
-  const bool owes_reply = command.has_copy_from_device() ||
+  const bool owes_reply = (command.has_copy_from_device() &&
+                           !command.copy_from_device().has_pinned()) ||
                           (command.has_op() && command.op().want_values());
   if (owes_reply && source_ready == nullptr && payload == 0 &&
       (*state)->queue->pending() == 0) {
@@ -929,6 +1027,25 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
                                });
     case v1::Command::kCopyToDevice: {
       const v1::CopyToDevice& copy = command.copy_to_device();
+      if (copy.has_pinned()) {
+        // Straight from the client's pinned region, which stays mapped
+        // until the device has read it.
+        absl::StatusOr<std::shared_ptr<PinnedRegion>> region =
+            Pinned(command, copy.pinned().region());
+        if (!region.ok()) return region.status();
+        const uint64_t nbytes = copy.pinned().nbytes();
+        absl::StatusOr<char*> bytes = (*region)->Bytes(copy.pinned().offset(), nbytes);
+        if (!bytes.ok()) return bytes.status();
+        if (absl::Status s = CheckRange(command, device, copy.addr(), nbytes); !s.ok()) return s;
+        if (absl::Status s =
+                runtime.CopyHostToDevice(device, backend_stream, copy.addr(), *bytes, nbytes);
+            !s.ok()) {
+          return s;
+        }
+        CountCopy(device, CopyDirection::kHostToDevice, nbytes);
+        ReleaseWhenComplete(device, backend_stream, [region = *region](absl::Status) {});
+        return absl::OkStatus();
+      }
       if (copy.has_staged()) {
         // The chunk is the client's again once the device has read it, or
         // at once when the copy is not issued.
@@ -975,6 +1092,29 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
       }
       if (absl::Status s = CheckRange(command, device, copy.addr(), copy.nbytes()); !s.ok()) {
         return s;
+      }
+      if (copy.has_pinned()) {
+        // Straight into the client's pinned region, ordered on the stream
+        // like a kernel: no reply; the region stays mapped until the device
+        // has written it.
+        if (copy.pinned().nbytes() != copy.nbytes()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "command ", command.seq(), " (copy_from_device): copies ", copy.nbytes(),
+              " bytes into a pinned range of ", copy.pinned().nbytes(), " bytes"));
+        }
+        absl::StatusOr<std::shared_ptr<PinnedRegion>> region =
+            Pinned(command, copy.pinned().region());
+        if (!region.ok()) return region.status();
+        absl::StatusOr<char*> bytes = (*region)->Bytes(copy.pinned().offset(), copy.nbytes());
+        if (!bytes.ok()) return bytes.status();
+        if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, *bytes, copy.addr(),
+                                                      copy.nbytes());
+            !s.ok()) {
+          return s;
+        }
+        CountCopy(device, CopyDirection::kDeviceToHost, copy.nbytes());
+        ReleaseWhenComplete(device, backend_stream, [region = *region](absl::Status) {});
+        return absl::OkStatus();
       }
       *reply = true;
       if (copy.has_staged()) {
@@ -1207,6 +1347,15 @@ Session::CloseSummary Session::Close() {
     if (staging_ != nullptr && staging_registered_) {
       (void)runtime.HostUnregister(staging_->data());
       staging_registered_ = false;
+    }
+  }
+  {
+    // Every copy that used a region has completed: this unmaps them.
+    absl::flat_hash_map<uint64_t, std::shared_ptr<PinnedRegion>> pinned;
+    {
+      absl::MutexLock lock(&pinned_mu_);
+      pinned.swap(pinned_);
+      pinned_total_bytes_ = 0;
     }
   }
   absl::WriterMutexLock lock(&memory_mu_);

@@ -52,6 +52,7 @@
 #include "metrics.h"
 #include "op_runner.h"
 #include "segment_table.h"
+#include "pinned_region.h"
 #include "staging_region.h"
 #include "stream_queue.h"
 
@@ -117,6 +118,14 @@ class Session {
   // the attaching process's uid from the socket's peer credentials (-1 when
   // unknown). ALREADY_EXISTS when a region is attached already.
   absl::Status AttachStaging(const v1::StagingAttach& attach, int fd, int64_t uid);
+  // Maps a pinned host region of the client (StagingListener, any thread;
+  // `attach.pinned` is set): checks the token, the id (> 0, not attached
+  // yet), the session's bounds (kMaxPinnedRegionsPerSession,
+  // kMaxPinnedBytesPerSession), then the file (PinnedRegion::Map). Closes
+  // `fd`.
+  absl::Status AttachPinned(const v1::StagingAttach& attach, int fd);
+  // Bytes of the pinned host regions attached now.
+  uint64_t pinned_bytes() const;
   // Serves the sync channel on `fd` (the attach connection; see SyncRequest
   // in flagos.proto) from a thread of its own until the session closes.
   // Takes `fd`. Called once, by the StagingListener after the attach.
@@ -175,6 +184,12 @@ class Session {
   // The attached staging region; FAILED_PRECONDITION naming the command
   // when there is none.
   absl::StatusOr<std::shared_ptr<StagingRegion>> Staging(const v1::Command& command) const;
+  // Pinned region `region`, named by `command`; NOT_FOUND naming both when
+  // the session has no such region.
+  absl::StatusOr<std::shared_ptr<PinnedRegion>> Pinned(const v1::Command& command,
+                                                       uint64_t region) const;
+  // Forgets pinned region `region` once every earlier command has completed.
+  void ScheduleReleasePinned(uint64_t seq, uint64_t region);
   // Frees the staging chunk of a staged copy_to_device that will not run.
   void ReleaseStagedUpload(const v1::Command& command);
   // The counters of `device`; null when metrics are off.
@@ -289,6 +304,11 @@ class Session {
   mutable absl::Mutex staging_mu_;
   std::shared_ptr<StagingRegion> staging_ ABSL_GUARDED_BY(staging_mu_);
   bool staging_registered_ ABSL_GUARDED_BY(staging_mu_) = false;
+  // Pinned host regions by id; commands take a reference while they use one.
+  mutable absl::Mutex pinned_mu_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<PinnedRegion>> pinned_
+      ABSL_GUARDED_BY(pinned_mu_);
+  uint64_t pinned_total_bytes_ ABSL_GUARDED_BY(pinned_mu_) = 0;
   SegmentTable segments_;  // internally synchronised
 
   // Held shared while a command uses device memory, exclusively to free it.

@@ -214,7 +214,10 @@ void StagingListener::Serve(int fd) {
           absl::StrCat("no live session ", attach.session_id(), " to attach a staging region to"));
     }
   }
-  if (status.ok()) {
+  const bool pinned = attach.has_pinned();
+  if (status.ok() && pinned) {
+    status = session->AttachPinned(attach, std::exchange(memfd, -1));
+  } else if (status.ok()) {
     status = session->AttachStaging(attach, std::exchange(memfd, -1),
                                     have_peer ? static_cast<int64_t>(peer.uid) : -1);
   }
@@ -223,8 +226,9 @@ void StagingListener::Serve(int fd) {
     LogWarning(absl::StrCat("staging attach refused (peer pid ", have_peer ? peer.pid : -1,
                             "): ", status.message()));
   }
-  // Attached: the connection stays open as the session's sync channel.
-  if (SendReply(fd, status) && status.ok()) {
+  // A staging region attached: the connection stays open as the session's
+  // sync channel. A pinned region's attach ends with the answer.
+  if (SendReply(fd, status) && status.ok() && !pinned) {
     // The channel blocks, and may idle for as long as the session lives.
     const int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);

@@ -5,7 +5,9 @@
 // StagingAttach with its memfd as SCM_RIGHTS, the listener finds the session
 // by id, checks the session's token (which only the session's own stream
 // carried) and maps the region, then answers with StagingAttached. The
-// connection of a successful attach becomes the session's sync channel. The
+// connection of a successful staging attach becomes the session's sync
+// channel; an attach of a pinned host region (StagingAttach.pinned) ends
+// with the answer. The
 // socket file lives next to the daemon's first unix --listen socket, with
 // the same mode.
 //

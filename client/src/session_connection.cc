@@ -532,6 +532,117 @@ absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst,
   return first_error;
 }
 
+absl::StatusOr<PinnedBlock> SessionConnection::AllocatePinned(uint64_t nbytes) {
+  if (nbytes == 0) {
+    return absl::InvalidArgumentError("flagos: a pinned block holds at least one byte");
+  }
+  PinnedBlock block;
+  if (staging_ == nullptr) {
+    // No shared memory with the daemon (TCP, or staging off): ordinary
+    // memory, copied like any host memory.
+    const uint64_t size = (nbytes + 4095) / 4096 * 4096;
+    block.data = static_cast<char*>(std::aligned_alloc(4096, size));
+    if (block.data == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("flagos: cannot allocate ", size, " bytes of host memory to pin"));
+    }
+    block.nbytes = size;
+    return block;
+  }
+  uint64_t id;
+  {
+    absl::MutexLock lock(&pinned_mu_);
+    id = next_pinned_id_++;
+  }
+  absl::StatusOr<std::unique_ptr<PinnedRegion>> region = PinnedRegion::Create(id, nbytes);
+  if (!region.ok()) return region.status();
+  std::string socket;
+  std::string token;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = UnusableLocked(); !s.ok()) return s;
+    socket = staging_socket_;
+    token = staging_token_;
+  }
+  if (absl::Status s = (*region)->Attach(socket, session_id(), token, absl::Now() + kAttachTimeout);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("flagos: cannot pin ", nbytes, " bytes of host memory "
+                                               "with flagosd at ", endpoint_, ": ", s.message()));
+  }
+  block.region = id;
+  block.data = (*region)->data();
+  block.nbytes = (*region)->nbytes();
+  absl::MutexLock lock(&pinned_mu_);
+  pinned_.emplace(id, *std::move(region));
+  return block;
+}
+
+void SessionConnection::FreePinned(const PinnedBlock& block) {
+  if (block.region == 0) {
+    std::free(block.data);
+    return;
+  }
+  std::unique_ptr<PinnedRegion> region;
+  {
+    absl::MutexLock lock(&pinned_mu_);
+    auto it = pinned_.find(block.region);
+    if (it == pinned_.end()) return;
+    region = std::move(it->second);
+    pinned_.erase(it);
+  }
+  // The daemon keeps its mapping until the commands before this one have
+  // completed; this process's view goes now (the caller is done with it).
+  // Dropped when the session is over: the daemon released everything then.
+  v1::Command command;
+  command.mutable_release_pinned()->set_region(block.region);
+  Enqueue(std::move(command), absl::StrCat("release pinned region ", block.region));
+}
+
+absl::Status SessionConnection::UploadPinned(int device, uint64_t stream, uint64_t addr,
+                                             uint64_t region, uint64_t offset, uint64_t nbytes,
+                                             const std::string& describe) {
+  for (uint64_t done = 0; done < nbytes;) {
+    const uint64_t n = std::min(nbytes - done, kMaxPinnedCopyChunk);
+    v1::Command command;
+    command.set_device(device);
+    command.set_stream(stream);
+    v1::CopyToDevice* copy = command.mutable_copy_to_device();
+    copy->set_addr(addr + done);
+    copy->mutable_pinned()->set_region(region);
+    copy->mutable_pinned()->set_offset(offset + done);
+    copy->mutable_pinned()->set_nbytes(n);
+    if (Enqueue(std::move(command), describe) == 0) {
+      absl::MutexLock lock(&mu_);
+      return UnusableLocked();
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionConnection::DownloadPinned(int device, uint64_t stream, uint64_t region,
+                                               uint64_t offset, uint64_t addr, uint64_t nbytes,
+                                               const std::string& describe) {
+  for (uint64_t done = 0; done < nbytes;) {
+    const uint64_t n = std::min(nbytes - done, kMaxPinnedCopyChunk);
+    v1::Command command;
+    command.set_device(device);
+    command.set_stream(stream);
+    v1::CopyFromDevice* copy = command.mutable_copy_from_device();
+    copy->set_addr(addr + done);
+    copy->set_nbytes(n);
+    copy->mutable_pinned()->set_region(region);
+    copy->mutable_pinned()->set_offset(offset + done);
+    copy->mutable_pinned()->set_nbytes(n);
+    if (Enqueue(std::move(command), describe) == 0) {
+      absl::MutexLock lock(&mu_);
+      return UnusableLocked();
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SessionConnection::Flush() {
   {
     absl::MutexLock lock(&mu_);

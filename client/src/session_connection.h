@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "command_descriptions.h"
 #include "completion_waiters.h"
+#include "pinned_region.h"
 #include "staging_region.h"
 #include "sync_channel.h"
 #include "flagos/client/connection.h"
@@ -66,6 +67,12 @@ class SessionConnection final : public Connection {
   absl::Status Download(int device, uint64_t stream, void* dst, uint64_t addr, uint64_t nbytes,
                         const std::string& describe) override;
   bool staging() const override { return staging_ != nullptr; }
+  absl::StatusOr<PinnedBlock> AllocatePinned(uint64_t nbytes) override;
+  void FreePinned(const PinnedBlock& block) override;
+  absl::Status UploadPinned(int device, uint64_t stream, uint64_t addr, uint64_t region,
+                            uint64_t offset, uint64_t nbytes, const std::string& describe) override;
+  absl::Status DownloadPinned(int device, uint64_t stream, uint64_t region, uint64_t offset,
+                              uint64_t addr, uint64_t nbytes, const std::string& describe) override;
   absl::Status Flush() override;
   absl::Status Synchronize(int device) override;
   absl::Status TakeAsyncError() override;
@@ -122,6 +129,11 @@ class SessionConnection final : public Connection {
   std::unique_ptr<SyncChannel> sync_;
   // One sync-channel call at a time.
   absl::Mutex sync_mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
+
+  // Pinned regions by id (ids minted here from 1).
+  absl::Mutex pinned_mu_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<PinnedRegion>> pinned_ ABSL_GUARDED_BY(pinned_mu_);
+  uint64_t next_pinned_id_ ABSL_GUARDED_BY(pinned_mu_) = 1;
 
   absl::Mutex close_mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
   bool close_finished_ ABSL_GUARDED_BY(close_mu_) = false;

@@ -1,10 +1,7 @@
 #include "staging_region.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,8 +9,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "attach_socket.h"
 #include "flagos/v1/flagos.pb.h"
-#include "flagos/v1/wire.h"
 
 namespace flagos::client {
 namespace {
@@ -23,18 +20,6 @@ absl::Status Errno(absl::string_view what) {
 }
 
 uint64_t RoundUp(uint64_t n, uint64_t m) { return (n + m - 1) / m * m; }
-
-// Waits until `fd` is readable or `deadline` passes.
-bool WaitReadable(int fd, absl::Time deadline) {
-  while (true) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (ms <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    const int r = poll(&p, 1, static_cast<int>(ms));
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return false;
-  }
-}
 
 }  // namespace
 
@@ -90,70 +75,7 @@ absl::StatusOr<int> StagingRegion::Attach(const std::string& socket_path, uint64
   attach.set_slot_bytes(slot_bytes_);
   attach.set_slot_count(slot_count_);
   attach.set_data_offset(data_offset_);
-  std::string frame = v1::EncodeFrame(attach);
-
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the staging socket path ", socket_path, " is too long"));
-  }
-  std::memcpy(address.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sock < 0) return Errno("staging attach: socket failed");
-  struct Closer {
-    int fd;
-    ~Closer() {
-      if (fd >= 0) close(fd);
-    }
-  } closer{sock};
-  if (connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    return Errno(absl::StrCat("staging attach: cannot connect to ", socket_path));
-  }
-  iovec iov{frame.data(), frame.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &iov;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&message);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd_, sizeof(int));
-  if (sendmsg(sock, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(frame.size())) {
-    return Errno("staging attach: sending the region failed");
-  }
-  std::string reply;
-  const auto complete = [&reply] {
-    if (reply.size() < 4) return false;
-    uint32_t length = 0;
-    for (int i = 0; i < 4; ++i) {
-      length |= static_cast<uint32_t>(static_cast<uint8_t>(reply[i])) << (8 * i);
-    }
-    return reply.size() >= 4 + static_cast<uint64_t>(length);
-  };
-  while (!complete()) {
-    if (!WaitReadable(sock, deadline)) {
-      return absl::DeadlineExceededError("staging attach: flagosd did not answer in time");
-    }
-    char buffer[4096];
-    const ssize_t got = recv(sock, buffer, sizeof(buffer), 0);
-    if (got <= 0) return absl::UnavailableError("staging attach: flagosd closed the connection");
-    reply.append(buffer, static_cast<size_t>(got));
-    if (reply.size() > 8192) return absl::InternalError("staging attach: oversized answer");
-  }
-  v1::StagingAttached attached;
-  if (!attached.ParseFromArray(reply.data() + 4, static_cast<int>(reply.size() - 4))) {
-    return absl::InternalError("staging attach: flagosd's answer does not parse");
-  }
-  if (attached.code() != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(attached.code()),
-                        absl::StrCat("staging attach refused: ", attached.message()));
-  }
-  closer.fd = -1;
-  return sock;
+  return SendAttach(socket_path, attach, fd_, deadline);
 }
 
 uint8_t StagingRegion::LoadFlag(uint64_t slot) const {

@@ -8,19 +8,31 @@
 #include <algorithm>
 #include <cstring>
 
+#include "pinned_allocator.h"
 #include "runtime.h"
 #include "tensor_codec.h"
 
 namespace torch_fl {
 namespace {
 
-// The id of the calling thread's current stream on `device` (what the
-// device guard reports), on which copies are ordered.
-uint64_t CurrentStreamOf(int device) {
+// The calling thread's current stream on `device` (what the device guard
+// reports), on which copies are ordered.
+c10::Stream CurrentStreamObject(int device) {
   const c10::impl::VirtualGuardImpl guard(c10::DeviceType::PrivateUse1);
-  return static_cast<uint64_t>(
-      guard.getStream(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)))
-          .id());
+  return guard.getStream(
+      c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+}
+
+uint64_t CurrentStreamOf(int device) {
+  return static_cast<uint64_t>(CurrentStreamObject(device).id());
+}
+
+// The pinned region holding all of `host`'s bytes, when the daemon shares
+// it (same-node sessions; over TCP pinned memory is ordinary memory).
+std::optional<PinnedLocation> SharedPinned(const at::Tensor& host) {
+  std::optional<PinnedLocation> where = FindPinned(host.const_data_ptr(), host.nbytes());
+  if (!where || where->region == 0) return std::nullopt;
+  return where;
 }
 
 // A tensor whose elements fill exactly [first element, first + nbytes) of its
@@ -52,8 +64,23 @@ at::Tensor ApplyBits(const at::Tensor& t, at::Tensor logical) {
   return logical;
 }
 
-void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst) {
+void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return;
+  if (non_blocking && IsDenseBlock(dst) && SameBytes(src, dst)) {
+    if (std::optional<PinnedLocation> pinned = SharedPinned(src)) {
+      // The daemon reads the pinned region when the copy runs on the
+      // stream; the block is not reused before then.
+      const int device = dst.device().index();
+      const c10::Stream stream = CurrentStreamObject(device);
+      ThrowIfError(Session().UploadPinned(device, static_cast<uint64_t>(stream.id()),
+                                          ElementAddr(dst), pinned->region, pinned->offset,
+                                          dst.nbytes(),
+                                          "copy pinned host → flagos:" + std::to_string(device)));
+      RecordUse(pinned->block_ptr, stream);
+      if (LaunchBlocking()) Synchronize(device);
+      return;
+    }
+  }
   if (IsDenseBlock(dst)) {
     if (SameBytes(src, dst)) {  // straight from the source's memory
       UploadBytes(dst.device().index(), ElementAddr(dst), src.const_data_ptr(), dst.nbytes());
@@ -68,16 +95,33 @@ void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst) {
   // dst has gaps or overlaps (a slice, an expand): upload densely, then let
   // the daemon scatter it into place.
   at::Tensor dense = at::empty(dst.sizes(), dst.options().memory_format(at::MemoryFormat::Contiguous));
-  CopyHostToDevice(src, dense);
+  CopyHostToDevice(src, dense, non_blocking);
   EnqueueDeviceCopy(dst, dense);
 }
 
-void CopyDeviceToHost(const at::Tensor& src, const at::Tensor& dst) {
+void CopyDeviceToHost(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (src.numel() == 0) return;
+  if (non_blocking && IsDenseBlock(src) && SameBytes(dst, src)) {
+    if (std::optional<PinnedLocation> pinned = SharedPinned(dst)) {
+      // Returns at once: the daemon writes the pinned region when the copy
+      // runs on the stream (the bytes are there once the stream has been
+      // synchronised), and the block is not reused before then.
+      const int device = src.device().index();
+      const c10::Stream stream = CurrentStreamObject(device);
+      ThrowIfError(Session().DownloadPinned(device, static_cast<uint64_t>(stream.id()),
+                                            pinned->region, pinned->offset, ElementAddr(src),
+                                            src.nbytes(),
+                                            "copy flagos:" + std::to_string(device) +
+                                                " → pinned host"));
+      RecordUse(pinned->block_ptr, stream);
+      if (LaunchBlocking()) Synchronize(device);
+      return;
+    }
+  }
   if (!IsDenseBlock(src)) {
     at::Tensor dense = at::empty(src.sizes(), src.options());
     EnqueueDeviceCopy(dense, src);
-    CopyDeviceToHost(dense, dst);
+    CopyDeviceToHost(dense, dst, non_blocking);
     return;
   }
   if (SameBytes(dst, src)) {  // straight into the destination's memory
@@ -151,7 +195,7 @@ void EnqueueDeviceCopy(const at::Tensor& dst, const at::Tensor& src) {
   Enqueue(std::move(command), "aten::copy_");
 }
 
-at::Tensor CopyFrom(const at::Tensor& src, const at::Tensor& dst, bool /*non_blocking*/) {
+at::Tensor CopyFrom(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(dst.sizes() == src.sizes() || src.numel() == 1 || src.dim() <= dst.dim(),
               "flagos: copy_ between incompatible shapes ", src.sizes(), " and ", dst.sizes());
   // copy_ broadcasts src to dst's shape.
@@ -165,11 +209,11 @@ at::Tensor CopyFrom(const at::Tensor& src, const at::Tensor& dst, bool /*non_blo
   } else if (IsFlagos(dst)) {
     TORCH_CHECK(source.device().is_cpu(), "flagos: cannot copy from ", source.device(),
                 " to flagos; copy through the CPU");
-    CopyHostToDevice(source, dst);
+    CopyHostToDevice(source, dst, non_blocking);
   } else {
     TORCH_CHECK(dst.device().is_cpu(), "flagos: cannot copy from flagos to ", dst.device(),
                 "; copy through the CPU");
-    CopyDeviceToHost(source, dst);
+    CopyDeviceToHost(source, dst, non_blocking);
   }
   return dst;
 }

@@ -1,10 +1,12 @@
 // PrivateUse1HooksInterface for flagos: availability, device count and
-// pointer ownership for ATen's device-generic code.
+// pointer ownership (device memory and pinned host memory) for ATen's
+// device-generic code.
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/util/Exception.h>
 
 #include "device_allocator.h"
 #include "generator.h"
+#include "pinned_allocator.h"
 #include "runtime.h"
 #include "storage.h"
 
@@ -45,12 +47,8 @@ struct FlagosHooks final : public at::PrivateUse1HooksInterface {
     return at::make_generator<FlagosGeneratorImpl>(
         device_index < 0 ? static_cast<c10::DeviceIndex>(CurrentDevice()) : device_index);
   }
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
-  at::Allocator* getPinnedMemoryAllocator() const override {
-    TORCH_CHECK_NOT_IMPLEMENTED(false,
-                                "flagos: pinned host memory is not supported yet; "
-                                "use pin_memory=False");
-  }
+  bool isPinnedPtr(const void* data) const override { return FindPinned(data).has_value(); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &PinnedAllocator(); }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     ResizeStorageBytes(storage, newsize);
   }

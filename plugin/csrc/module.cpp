@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
 
+#include <optional>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
@@ -16,6 +17,7 @@
 #include "device_allocator.h"
 #include "fallback.h"
 #include "generator.h"
+#include "pinned_allocator.h"
 #include "flagos/client/connection.h"
 #include "runtime.h"
 
@@ -61,6 +63,8 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
     session["stream_bytes_sent"] = s.stream_bytes_sent();
     session["staged_bytes"] = s.staged_bytes();
     session["staging_attached"] = s.staging_attached();
+    session["pinned_bytes"] = s.pinned_bytes();
+    session["pinned_registered_bytes"] = s.pinned_registered_bytes();
     sessions.append(session);
   }
   out["sessions"] = sessions;
@@ -102,10 +106,28 @@ void TestBadCommand(const std::string& kind) {
     reg->set_name("aten::add");
     reg->set_overload("Tensor");
     reg->set_schema("aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=2) -> Tensor");
+  } else if (kind == "pinned_region_unknown") {
+    auto* copy = command.mutable_copy_to_device();
+    copy->set_addr(0x1000);
+    copy->mutable_pinned()->set_region(0x7ffffff0);
+    copy->mutable_pinned()->set_nbytes(64);
+  } else if (kind == "pinned_range_outside_region") {
+    // The last 8 bytes of a fresh pinned block, and 56 bytes past its end.
+    at::DataPtr block = PinnedAllocator().allocate(4096);
+    std::optional<PinnedLocation> where = FindPinned(block.get());
+    TORCH_CHECK(where && where->region != 0, "pinned memory is not shared with flagosd here");
+    const uint64_t nbytes = where->block_bytes;
+    auto* copy = command.mutable_copy_to_device();
+    copy->set_addr(0x1000);
+    copy->mutable_pinned()->set_region(where->region);
+    copy->mutable_pinned()->set_offset(nbytes - 8);
+    copy->mutable_pinned()->set_nbytes(64);
+    Call(std::move(command), "test command (" + kind + ")");
+    return;
   } else {
     TORCH_CHECK(false, "unknown bad-command kind '", kind,
                 "' (address_outside_segments, unknown_op_id, malformed_tensor_ref, "
-                "altered_schema)");
+                "altered_schema, pinned_region_unknown, pinned_range_outside_region)");
   }
   Call(std::move(command), "test command (" + kind + ")");
 }

@@ -15,11 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "backend.h"
+#include "cpu_runtime.h"
 #include "flagos/client/connection.h"
 #include "flagos/v1/flagos.pb.h"
 #include "gtest/gtest.h"
 #include "server.h"
+#include "pinned_region.h"  // the daemon's
 #include "staging_region.h"  // the daemon's
+#include "../../client/src/pinned_region.h"
 #include "../../client/src/staging_region.h"
 
 namespace flagos {
@@ -289,6 +292,108 @@ TEST(ClientStagingRegion, ClaimsInRingOrderAndReclaimsOnlyFreedChunks) {
   ASSERT_TRUE(f);
   EXPECT_EQ(f->offset, 4u * 4096);
   EXPECT_FALSE(ring.TryClaim(1));
+}
+
+TEST_F(StagingTest, PinnedRegionsAreCopiedStraightFromAndIntoAndReleased) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  ASSERT_TRUE(connection->staging());
+  const uint64_t n = 3 << 20;
+  const uint64_t addr = Allocate(*connection, n);
+  auto src = connection->AllocatePinned(n);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto dst = connection->AllocatePinned(n);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  ASSERT_GT(src->region, 0u);
+  ASSERT_NE(src->region, dst->region);
+  EXPECT_EQ(OnlySession(*connection).pinned_bytes(), src->nbytes + dst->nbytes);
+  const std::vector<uint8_t> bytes = Pattern(n, 9);
+  std::memcpy(src->data, bytes.data(), n);
+  std::memset(dst->data, 0, n);
+  const uint64_t staged_before = OnlySession(*connection).staged_bytes();
+  ASSERT_TRUE(connection->UploadPinned(0, 0, addr, src->region, 0, n, "pinned upload").ok());
+  ASSERT_TRUE(connection->DownloadPinned(0, 0, dst->region, 0, addr, n, "pinned download").ok());
+  ASSERT_TRUE(connection->Synchronize(0).ok());
+  EXPECT_EQ(std::memcmp(dst->data, bytes.data(), n), 0);
+  EXPECT_EQ(OnlySession(*connection).staged_bytes(), staged_before);  // no staging copy
+
+  connection->FreePinned(*src);
+  connection->FreePinned(*dst);
+  ASSERT_TRUE(connection->Synchronize(-1).ok());
+  EXPECT_EQ(OnlySession(*connection).pinned_bytes(), 0u);
+  // A released region can no longer be named.
+  ASSERT_TRUE(connection->UploadPinned(0, 0, addr, src->region, 0, 64, "stale upload").ok());
+  absl::Status stale = connection->Synchronize(0);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kNotFound) << stale;
+  EXPECT_NE(stale.message().find("stale upload"), std::string::npos) << stale;
+}
+
+TEST_F(StagingTest, PinnedRangesOutsideTheRegionAreAnErrorAndTheSessionGoesOn) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  const uint64_t addr = Allocate(*connection, 1 << 20);
+  auto block = connection->AllocatePinned(4096);
+  ASSERT_TRUE(block.ok()) << block.status();
+  ASSERT_TRUE(
+      connection->DownloadPinned(0, 0, block->region, 4000, addr, 200, "overlong download").ok());
+  absl::Status status = connection->Synchronize(0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("lie outside pinned region"), std::string::npos) << status;
+  ASSERT_TRUE(connection->UploadPinned(0, 0, addr, block->region, ~0ull - 10, 20, "wrap").ok());
+  EXPECT_EQ(connection->Synchronize(0).code(), absl::StatusCode::kInvalidArgument);
+  uint32_t value = 42, back = 0;
+  ASSERT_TRUE(connection->Upload(0, 0, addr, &value, 4, "upload").ok());
+  ASSERT_TRUE(connection->Download(0, 0, &back, addr, 4, "download").ok());
+  EXPECT_EQ(back, 42u);
+}
+
+TEST_F(StagingTest, PinnedAttachNeedsTheSessionsToken) {
+  auto connection = Connect();
+  ASSERT_NE(connection, nullptr);
+  const std::string socket = server_->staging_socket();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  auto region = client::PinnedRegion::Create(77, 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::Status wrong =
+      (*region)->Attach(socket, connection->session_id(), std::string(16, 'x'), deadline);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kPermissionDenied) << wrong;
+  absl::Status missing = (*region)->Attach(socket, 999999, std::string(16, 'x'), deadline);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_EQ(OnlySession(*connection).pinned_bytes(), 0u);
+}
+
+TEST(DaemonPinnedRegion, AcceptsOnlySealedMemfdsThatHoldTheRegion) {
+  auto created = CreateCpuRuntime(CpuRuntimeParams{});
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<DeviceRuntime> runtime = *std::move(created);
+  int fd = memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  auto unsealed = daemon::PinnedRegion::Map(1, fd, 8192, runtime.get());
+  EXPECT_FALSE(unsealed.ok());
+  EXPECT_NE(unsealed.status().message().find("F_SEAL_SHRINK"), std::string::npos);
+
+  fd = memfd_create("small", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  auto small = daemon::PinnedRegion::Map(2, fd, 8192, runtime.get());
+  EXPECT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("holds 4096 bytes; the region needs 8192"),
+            std::string::npos)
+      << small.status();
+
+  fd = memfd_create("empty", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_FALSE(daemon::PinnedRegion::Map(3, fd, 0, runtime.get()).ok());
+
+  fd = memfd_create("good", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  auto region = daemon::PinnedRegion::Map(4, fd, 8192, runtime.get());
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_TRUE((*region)->Bytes(0, 8192).ok());
+  EXPECT_TRUE((*region)->Bytes(8192, 0).ok());
+  EXPECT_FALSE((*region)->Bytes(4096, 4097).ok());
+  EXPECT_FALSE((*region)->Bytes(~0ull - 10, 20).ok());
 }
 
 }  // namespace

@@ -196,9 +196,9 @@ class DeviceRuntime {
   // without one. Cheap enough to call at every metrics scrape.
   virtual absl::StatusOr<DeviceTelemetry> GetTelemetry(int device) const = 0;
   // Pins [ptr, ptr + nbytes) of host memory for DMA until HostUnregister
-  // (the daemon registers staging regions). Copies work from unregistered
-  // memory too; registering only makes them faster. Gap on backends that
-  // have nothing to pin.
+  // (the daemon registers staging regions and pinned host regions). Copies
+  // work from unregistered memory too; registering only makes them faster.
+  // Gap on backends that have nothing to pin.
   virtual absl::Status HostRegister(void* ptr, uint64_t nbytes) = 0;
   virtual absl::Status HostUnregister(void* ptr) = 0;
   // The host address of device memory, for backends whose memory the host

@@ -22,8 +22,10 @@ bool ReadExactly(int fd, char* out, size_t n) {
 
 bool OwesReply(const Command& command) {
   switch (command.kind_case()) {
-    case Command::kAllocate:
     case Command::kCopyFromDevice:
+      // Into a pinned region: ordered on the stream like a kernel.
+      return !command.copy_from_device().has_pinned();
+    case Command::kAllocate:
     case Command::kSync:
     case Command::kQueryEvent:
     case Command::kSynchronizeEvent:

@@ -51,6 +51,19 @@ inline constexpr uint64_t kStagingBytes = 64ull << 20;
 inline constexpr uint64_t kStagingSlotBytes = 4096;
 // Copies are split into commands of at most this many bytes.
 inline constexpr uint64_t kMaxCopyChunk = 8ull << 20;
+// ... and copies from or into pinned memory (no bytes in the message) into
+// commands of at most this many.
+inline constexpr uint64_t kMaxPinnedCopyChunk = 64ull << 20;
+
+// A block of pinned host memory (AllocatePinned). `region` > 0: a region
+// shared with the daemon, which copies straight from and into it; 0:
+// ordinary memory (TCP sessions, or staging off), copied like any host
+// memory.
+struct PinnedBlock {
+  uint64_t region = 0;
+  char* data = nullptr;
+  uint64_t nbytes = 0;
+};
 
 struct ConnectionOptions {
   // How long a batch may wait unsent before the background thread sends
@@ -121,6 +134,32 @@ class Connection {
                                 uint64_t nbytes, const std::string& describe) = 0;
   // True when Upload/Download use a shared staging region.
   virtual bool staging() const = 0;
+
+  // Pinned host memory (flagos.proto, PinnedRegion). Allocates `nbytes` (>
+  // 0) of host memory the daemon maps too, as a region of its own: same-node
+  // sessions with a staging region; everywhere else ordinary memory (region
+  // 0), with the same copy semantics. RESOURCE_EXHAUSTED when the memory or
+  // the daemon's bound on a session's pinned memory is exhausted.
+  virtual absl::StatusOr<PinnedBlock> AllocatePinned(uint64_t nbytes) = 0;
+  // Frees a block of AllocatePinned: the daemon forgets its region once
+  // every command enqueued before has completed. The caller must not use
+  // `block.data` afterwards.
+  virtual void FreePinned(const PinnedBlock& block) = 0;
+  // Copies `nbytes` at byte `offset` of pinned region `region` (> 0) to
+  // device address `addr` on (device, stream). Never waits: the daemon
+  // reads the region when the copy runs on the stream, so the caller must
+  // leave the bytes unchanged until the stream has passed the copy. The
+  // copy's failure is an asynchronous error.
+  virtual absl::Status UploadPinned(int device, uint64_t stream, uint64_t addr, uint64_t region,
+                                    uint64_t offset, uint64_t nbytes,
+                                    const std::string& describe) = 0;
+  // Copies `nbytes` from device address `addr` into pinned region `region`
+  // (> 0) at `offset`, ordered on (device, stream). Never waits: the bytes
+  // are there once the stream has passed the copy (an event, a stream or
+  // device synchronisation); its failure is an asynchronous error.
+  virtual absl::Status DownloadPinned(int device, uint64_t stream, uint64_t region,
+                                      uint64_t offset, uint64_t addr, uint64_t nbytes,
+                                      const std::string& describe) = 0;
 
   // Sends the pending batch. UNAVAILABLE when the session has ended.
   virtual absl::Status Flush() = 0;

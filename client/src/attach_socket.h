@@ -1,0 +1,29 @@
+// SendAttach: one attach exchange on flagosd's staging socket (flagos.proto,
+// StagingAttach): connect, send the length-prefixed StagingAttach with a
+// memfd as SCM_RIGHTS, read the length-prefixed StagingAttached. Used for
+// the staging region (whose connection then stays open as the sync
+// channel) and for pinned host regions.
+//
+// Thread safety: a free function; calls are independent.
+#ifndef FLAGOS_CLIENT_SRC_ATTACH_SOCKET_H_
+#define FLAGOS_CLIENT_SRC_ATTACH_SOCKET_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "flagos/v1/flagos.pb.h"
+
+namespace flagos::client {
+
+// Sends `attach` with descriptor `fd` (not taken) to the Unix socket
+// `socket_path` and waits until `deadline` for the daemon's answer. On
+// acceptance returns the connected socket (the caller owns it); else the
+// daemon's refusal as a status (its code, "staging attach refused: ...") or
+// why no answer came.
+absl::StatusOr<int> SendAttach(const std::string& socket_path, const v1::StagingAttach& attach,
+                               int fd, absl::Time deadline);
+
+}  // namespace flagos::client
+
+#endif  // FLAGOS_CLIENT_SRC_ATTACH_SOCKET_H_

@@ -1,0 +1,107 @@
+#include "pinned_allocator.h"
+
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "runtime.h"
+
+namespace torch_fl {
+namespace {
+
+// The blocks live now, by start address (for FindPinned and free_block).
+struct LiveBlocks {
+  std::mutex mu;
+  std::map<uintptr_t, flagos::client::PinnedBlock> blocks;
+};
+
+LiveBlocks& Live() {
+  static auto* live = new LiveBlocks();
+  return *live;
+}
+
+using Block = at::HostBlock<c10::Stream>;
+
+struct FlagosPinnedImpl final : public at::CachingHostAllocatorImpl<c10::Stream, c10::Event> {
+ private:
+  void allocate_host_memory(size_t size, void** ptr) override {
+    flagos::client::PinnedBlock block = ValueOrThrow(Session().AllocatePinned(size));
+    *ptr = block.data;
+    std::lock_guard<std::mutex> lock(Live().mu);
+    Live().blocks.emplace(reinterpret_cast<uintptr_t>(block.data), block);
+  }
+
+  void free_block(Block* block) override {
+    flagos::client::PinnedBlock pinned;
+    {
+      std::lock_guard<std::mutex> lock(Live().mu);
+      auto it = Live().blocks.find(reinterpret_cast<uintptr_t>(block->ptr_));
+      if (it == Live().blocks.end()) return;
+      pinned = it->second;
+      Live().blocks.erase(it);
+    }
+    if (pinned.region == 0 || SessionOpen()) Session().FreePinned(pinned);
+  }
+
+  void record_stream(std::optional<std::vector<c10::Event>>& events,
+                     c10::Stream stream) override {
+    c10::Event event(c10::DeviceType::PrivateUse1);
+    event.record(stream);
+    events->push_back(std::move(event));
+  }
+
+  bool query_event(c10::Event& event) override { return event.query(); }
+
+  c10::Stream get_current_stream() const override {
+    const c10::impl::VirtualGuardImpl guard(c10::DeviceType::PrivateUse1);
+    return guard.getStream(c10::Device(c10::DeviceType::PrivateUse1,
+                                       static_cast<c10::DeviceIndex>(CurrentDevice())));
+  }
+
+  bool stream_is_capturing(c10::Stream /*stream*/) const override { return false; }
+};
+
+void DeletePinned(void* ctx);
+
+struct FlagosPinnedAllocator final
+    : public at::CachingHostAllocatorInterface<FlagosPinnedImpl, DeletePinned> {};
+
+FlagosPinnedAllocator& Instance() {
+  // Never destroyed: tensors may outlive static destruction at exit.
+  static auto* allocator = new FlagosPinnedAllocator();
+  return *allocator;
+}
+
+void DeletePinned(void* ctx) { Instance().free(ctx); }
+
+// PrivateUse1's host allocator (at::getHostAllocator), so that torch's
+// device-generic code finds it as it finds CUDA's.
+const bool kRegistered = [] {
+  at::setHostAllocator(c10::DeviceType::PrivateUse1, &Instance());
+  return true;
+}();
+
+}  // namespace
+
+at::HostAllocator& PinnedAllocator() { return Instance(); }
+
+std::optional<PinnedLocation> FindPinned(const void* ptr, uint64_t nbytes) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(Live().mu);
+  auto it = Live().blocks.upper_bound(address);
+  if (it == Live().blocks.begin()) return std::nullopt;
+  --it;
+  const uint64_t offset = address - it->first;
+  if (offset >= it->second.nbytes || nbytes > it->second.nbytes - offset) return std::nullopt;
+  return PinnedLocation{it->second.region, offset, it->second.data, it->second.nbytes};
+}
+
+void RecordUse(void* block_ptr, c10::Stream stream) {
+  Instance().record_event(block_ptr, nullptr, stream);
+}
+
+}  // namespace torch_fl
