@@ -18,17 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import torch_fl  # noqa: F401  (registers "flagos")
 from flagos_test_env import on_kunlunxin
+from test_data_plane import my_session
 from test_metrics import scrape, value
 
 MIB = 1 << 20
-
-
-def my_session() -> dict:
-    sid = torch_fl._C._session_id()
-    for session in torch_fl._C._daemon_stats("")["sessions"]:
-        if session["id"] == sid:
-            return session
-    raise AssertionError(f"session {sid} is not listed by the daemon")
 
 
 def test_pin_memory_and_empty_pin_memory_give_pinned_tensors() -> None:
