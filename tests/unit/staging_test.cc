@@ -17,7 +17,11 @@
 #include "backend.h"
 #include "cpu_runtime.h"
 #include "flagos/client/connection.h"
+#include <grpcpp/grpcpp.h>
+
+#include "flagos/v1/flagos.grpc.pb.h"
 #include "flagos/v1/flagos.pb.h"
+#include "flagos/v1/wire.h"
 #include "gtest/gtest.h"
 #include "server.h"
 #include "pinned_region.h"  // the daemon's
@@ -226,6 +230,69 @@ TEST_F(StagingTest, AttachNeedsTheSessionsToken) {
   absl::StatusOr<int> missing =
       (*region)->Attach(socket, 999999, std::string(16, 'x'), deadline);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+}
+
+// A raw client (not flagos_client) on the sync channel: a request with seq 0,
+// or one for a command that owes no reply, is answered with its error on the
+// channel it came on (a reply by seq would go to the session stream, where
+// no one waits); the channel and the session go on.
+TEST_F(StagingTest, TheSyncChannelAnswersWhatItCannotServeOnItself) {
+  auto channel = grpc::CreateChannel(endpoint_, grpc::InsecureChannelCredentials());
+  auto stub = v1::Flagos::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->Session(&context);
+  v1::ClientMessage open;
+  open.mutable_open()->set_version(1);
+  open.mutable_open()->set_pid(getpid());
+  ASSERT_TRUE(stream->Write(open));
+  v1::ServerMessage opened;
+  ASSERT_TRUE(stream->Read(&opened));
+  ASSERT_TRUE(opened.has_opened());
+  ASSERT_FALSE(opened.opened().staging_token().empty());
+  auto region = client::StagingRegion::Create(1 << 20, 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<int> fd =
+      (*region)->Attach(opened.opened().staging_socket(), opened.opened().session_id(),
+                        opened.opened().staging_token(), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+
+  const auto ask = [&](v1::Command command) {
+    v1::SyncRequest request;
+    *request.mutable_command() = std::move(command);
+    EXPECT_TRUE(v1::WriteFrame(*fd, request));
+    std::string body;
+    EXPECT_EQ(v1::ReadFrame(*fd, 1 << 20, &body), v1::FrameResult::kOk);
+    v1::Completion completion;
+    EXPECT_TRUE(completion.ParseFromString(body));
+    return completion;
+  };
+  v1::Command seq0;
+  seq0.mutable_sync();  // seq 0
+  v1::Completion refused = ask(seq0);
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(refused.message(),
+            "command 0 (sync) cannot use the sync channel: only a command with a nonzero seq "
+            "that owes a reply can; send it on the session stream");
+  v1::Command no_reply;
+  no_reply.set_seq(7);
+  no_reply.mutable_free()->set_addr(0x1000);
+  v1::Completion also = ask(no_reply);
+  EXPECT_EQ(also.seq(), 7u);
+  EXPECT_EQ(also.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  // The channel still serves a command it can.
+  v1::Command sync;
+  sync.set_seq(8);
+  sync.set_device(-1);
+  sync.mutable_sync();
+  v1::Completion served = ask(sync);
+  EXPECT_EQ(served.seq(), 8u);
+  EXPECT_EQ(served.code(), 0) << served.message();
+  close(*fd);
+  stream->WritesDone();
+  while (stream->Read(&opened)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST(DaemonStagingRegion, AcceptsOnlySealedMemfdsThatHoldTheLayout) {
