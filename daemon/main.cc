@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "listen_endpoint.h"
 #include "logging.h"
+#include "op_runner.h"
 #include "server.h"
 #include "watchdog.h"
 
@@ -53,6 +54,9 @@ ABSL_FLAG(flagos::daemon::ByteSize, device_memory, flagos::daemon::ByteSize{8ull
           "Memory of each cpu-backend device: bytes, or a number with suffix K, KiB, M, MiB, G, "
           "GiB, T or TiB (powers of 1024), e.g. 8GiB or 512M. Allocations beyond it fail with "
           "an out-of-memory error. Host memory is only used as tensors are written.");
+ABSL_FLAG(bool, list_served_ops, false,
+          "Print every operator of flagosd's torch with whether register_op serves it (and why "
+          "not), then exit.");
 ABSL_FLAG(bool, describe_backend, false,
           "Print the backend's runtime slot table (each slot of the contract: implemented, "
           "emulated and how, or a gap and why) and its operator routes as Markdown, then exit "
@@ -199,6 +203,11 @@ int Run(int argc, char** argv) {
   backend_options.device_memory = absl::GetFlag(FLAGS_device_memory).bytes;
   absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(backend_options);
   if (!backend.ok()) return Fail(backend.status().message());
+  if (absl::GetFlag(FLAGS_list_served_ops)) {  // with the backend's own operators registered
+    const std::string table = ListServedOps();
+    std::fwrite(table.data(), 1, table.size(), stdout);
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_describe_backend)) {
     const std::string description = DescribeBackend(**backend);
     std::fwrite(description.data(), 1, description.size(), stdout);

@@ -24,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -126,13 +127,19 @@ absl::Status CheckEnumValue(TypeKind kind, int64_t v) {
 //     the client and never forwards one;
 //   - ops that reach the host beyond device memory: files (aten::from_file
 //     reads and creates them as the daemon's user);
-//   - ops taking raw storages, whose memory the daemon cannot check.
+//   - ops taking raw storages, whose memory the daemon cannot check;
+//   - ops outside ATen's namespace: distributed (c10d, symm_mem: networks,
+//     other processes' memory), profiler, backend-specific and test ops,
+//     which torch_fl never forwards (docs/reference/served-operators.md).
 absl::Status CheckServable(const c10::FunctionSchema& schema, const std::string& full_name) {
   const auto refused = [&](absl::string_view why) {
     return absl::PermissionDeniedError(absl::StrCat(
         "register_op ", full_name, ": flagosd does not run this operator: ", why,
         " (docs/reference/errors.md lists what is refused)"));
   };
+  if (!absl::StartsWith(schema.name(), "aten::")) {
+    return refused("it is not an ATen operator; flagosd runs only ATen's");
+  }
   for (const c10::Argument& r : schema.returns()) {
     const c10::AliasInfo* alias = r.alias_info();
     if (alias != nullptr && !alias->isWrite()) {
@@ -148,6 +155,15 @@ absl::Status CheckServable(const c10::FunctionSchema& schema, const std::string&
     }
   }
   return absl::OkStatus();
+}
+
+// The reason alone of a CheckServable refusal.
+std::string ServableReason(const absl::Status& refused) {
+  absl::string_view text = refused.message();
+  constexpr absl::string_view kLead = "flagosd does not run this operator: ";
+  if (size_t at = text.find(kLead); at != absl::string_view::npos) text.remove_prefix(at + kLead.size());
+  if (size_t at = text.find(" (docs/"); at != absl::string_view::npos) text = text.substr(0, at);
+  return std::string(text);
 }
 
 // CheckEnumValue for a decoded argument whose declared (real) type is an
@@ -1357,6 +1373,23 @@ class OpRunnerImpl final : public OpRunner {
 };
 
 }  // namespace
+
+std::string ListServedOps() {
+  std::vector<std::string> lines;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    std::optional<c10::OperatorHandle> handle = c10::Dispatcher::singleton().findSchema(name);
+    if (!handle.has_value()) continue;  // a name without a schema registered yet
+    const std::string full_name = OpName(name);
+    const absl::Status servable = CheckServable(handle->schema(), full_name);
+    if (servable.ok()) {
+      lines.push_back(absl::StrCat(full_name, "\tserved"));
+    } else {
+      lines.push_back(absl::StrCat(full_name, "\trefused\t", ServableReason(servable)));
+    }
+  }
+  std::sort(lines.begin(), lines.end());
+  return absl::StrCat(absl::StrJoin(lines, "\n"), "\n");
+}
 
 std::unique_ptr<OpRunner> OpRunner::Create(const Backend& backend) {
   // Every host buffer ATen hands a kernel (results, out= scratch, the

@@ -48,6 +48,12 @@
 
 namespace flagos::daemon {
 
+// Every operator in flagosd's torch (all namespaces, every overload), one per
+// line sorted by name: "<name.overload>\tserved" or "<name.overload>\trefused\t
+// <why>", by the rule register_op applies (`flagosd --list-served-ops`;
+// docs/reference/served-operators.md is generated from it).
+std::string ListServedOps();
+
 class OpRunner {
  public:
   // OK when [addr, addr + nbytes) on `device` is memory the session may use;

@@ -449,10 +449,11 @@ TEST_F(ServerTest, ViewsFilesAndStoragesAreRefusedAtRegisterOp) {
       RegisterOp(3, "aten::from_file", ""),
       RegisterOp(4, "aten::set_", "source_Storage"),
       RegisterOp(5, "aten::view", ""),
+      RegisterOp(7, "c10d::allreduce_", ""),
   });
-  ASSERT_EQ(errors.size(), 5u);
+  ASSERT_EQ(errors.size(), 6u);
   const char* names[] = {"aten::_reshape_alias", "aten::as_strided", "aten::from_file",
-                         "aten::set_.source_Storage", "aten::view"};
+                         "aten::set_.source_Storage", "aten::view", "c10d::allreduce_"};
   for (size_t i = 0; i < errors.size(); ++i) {
     EXPECT_EQ(errors[i].code(), static_cast<int>(absl::StatusCode::kPermissionDenied))
         << errors[i].message();
@@ -461,6 +462,7 @@ TEST_F(ServerTest, ViewsFilesAndStoragesAreRefusedAtRegisterOp) {
         << errors[i].message();
   }
   EXPECT_TRUE(absl::StrContains(errors[2].message(), "host files")) << errors[2].message();
+  EXPECT_TRUE(absl::StrContains(errors[5].message(), "not an ATen operator")) << errors[5].message();
   // Served on: an ordinary op in the same session.
   const uint64_t addr = session.AllocateOk(16);
   EXPECT_TRUE(session
