@@ -159,20 +159,18 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
     MetricFamily live = Family("flagosd_sessions", "Client sessions live now.", MetricType::Gauge);
     Add(live, static_cast<double>(sessions.size()));
     out.push_back(std::move(live));
-    uint64_t staging = 0;
-    for (const auto& session : sessions) staging += session->staging_bytes();
-    MetricFamily staged = Family("flagosd_staging_bytes",
-                                 "Shared-memory staging regions mapped for live sessions.",
-                                 MetricType::Gauge);
-    Add(staged, static_cast<double>(staging));
-    out.push_back(std::move(staged));
-    uint64_t pinned = 0;
-    for (const auto& session : sessions) pinned += session->pinned_bytes();
-    MetricFamily pinned_family = Family("flagosd_pinned_bytes",
-                                        "Pinned host memory regions mapped for live sessions.",
-                                        MetricType::Gauge);
-    Add(pinned_family, static_cast<double>(pinned));
-    out.push_back(std::move(pinned_family));
+    // Shared memory mapped for live sessions, summed over them.
+    const auto mapped = [&](const char* name, const char* help, auto bytes_of) {
+      uint64_t total = 0;
+      for (const auto& session : sessions) total += bytes_of(*session);
+      MetricFamily family = Family(name, help, MetricType::Gauge);
+      Add(family, static_cast<double>(total));
+      out.push_back(std::move(family));
+    };
+    mapped("flagosd_staging_bytes", "Shared-memory staging regions mapped for live sessions.",
+           [](const Session& s) { return s.staging_bytes(); });
+    mapped("flagosd_pinned_bytes", "Pinned host memory regions mapped for live sessions.",
+           [](const Session& s) { return s.pinned_bytes(); });
 
     for (MetricFamily& family : metrics_.registry()->Collect()) out.push_back(std::move(family));
     return out;

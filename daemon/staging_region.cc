@@ -9,22 +9,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "sealed_memfd.h"
 
 namespace flagos::daemon {
-namespace {
-
-// Closes the descriptor on every path out of Map.
-struct FdCloser {
-  int fd;
-  ~FdCloser() { close(fd); }
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<StagingRegion>> StagingRegion::Map(
     int fd, const v1::StagingAttach& layout) {
-  FdCloser closer{fd};
+  absl::Cleanup close_fd = [fd] { close(fd); };  // on every refusal below
   const uint64_t slot_bytes = layout.slot_bytes();
   const uint64_t slot_count = layout.slot_count();
   const uint64_t data_offset = layout.data_offset();
@@ -46,31 +39,11 @@ absl::StatusOr<std::unique_ptr<StagingRegion>> StagingRegion::Map(
         " slot flags and be at most ", kMaxStagingRegionBytes));
   }
   const uint64_t needed = data_offset + slot_count * slot_bytes;
-  struct stat info;
-  if (fstat(fd, &info) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("staging region: fstat failed: ", std::strerror(errno)));
-  }
-  if (!S_ISREG(info.st_mode) || static_cast<uint64_t>(info.st_size) < needed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "staging region: the file sent holds ", info.st_size, " bytes; the layout needs ",
-        needed));
-  }
-  // A file the client could shrink would fault the daemon when it touches
-  // the lost pages: only a memfd sealed against shrinking is accepted.
-  const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-    return absl::InvalidArgumentError(
-        "staging region: the file sent is not a memfd sealed with F_SEAL_SHRINK; create it with "
-        "memfd_create(MFD_ALLOW_SEALING) and seal it before attaching");
-  }
-  void* base = mmap(nullptr, needed, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("staging region: mapping ", needed,
-                                                     " bytes failed: ", std::strerror(errno)));
-  }
-  return std::unique_ptr<StagingRegion>(new StagingRegion(static_cast<char*>(base), needed,
-                                                          slot_bytes, slot_count, data_offset));
+  std::move(close_fd).Cancel();  // MapSealedMemfd closes it
+  absl::StatusOr<char*> base = MapSealedMemfd(fd, needed, "staging region", "the layout");
+  if (!base.ok()) return base.status();
+  return std::unique_ptr<StagingRegion>(
+      new StagingRegion(*base, needed, slot_bytes, slot_count, data_offset));
 }
 
 StagingRegion::~StagingRegion() { munmap(base_, size_); }

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "flagos/v1/wire.h"
 #include "status_codes.h"
@@ -598,19 +599,15 @@ void SessionConnection::FreePinned(const PinnedBlock& block) {
   Enqueue(std::move(command), absl::StrCat("release pinned region ", block.region));
 }
 
-absl::Status SessionConnection::UploadPinned(int device, uint64_t stream, uint64_t addr,
-                                             uint64_t region, uint64_t offset, uint64_t nbytes,
-                                             const std::string& describe) {
+absl::Status SessionConnection::EnqueuePinnedChunks(
+    int device, uint64_t stream, uint64_t nbytes, const std::string& describe,
+    absl::FunctionRef<void(v1::Command*, uint64_t done, uint64_t n)> fill) {
   for (uint64_t done = 0; done < nbytes;) {
     const uint64_t n = std::min(nbytes - done, kMaxPinnedCopyChunk);
     v1::Command command;
     command.set_device(device);
     command.set_stream(stream);
-    v1::CopyToDevice* copy = command.mutable_copy_to_device();
-    copy->set_addr(addr + done);
-    copy->mutable_pinned()->set_region(region);
-    copy->mutable_pinned()->set_offset(offset + done);
-    copy->mutable_pinned()->set_nbytes(n);
+    fill(&command, done, n);
     if (Enqueue(std::move(command), describe) == 0) {
       absl::MutexLock lock(&mu_);
       return UnusableLocked();
@@ -620,27 +617,31 @@ absl::Status SessionConnection::UploadPinned(int device, uint64_t stream, uint64
   return absl::OkStatus();
 }
 
+absl::Status SessionConnection::UploadPinned(int device, uint64_t stream, uint64_t addr,
+                                             uint64_t region, uint64_t offset, uint64_t nbytes,
+                                             const std::string& describe) {
+  return EnqueuePinnedChunks(device, stream, nbytes, describe,
+                             [&](v1::Command* command, uint64_t done, uint64_t n) {
+                               v1::CopyToDevice* copy = command->mutable_copy_to_device();
+                               copy->set_addr(addr + done);
+                               copy->mutable_pinned()->set_region(region);
+                               copy->mutable_pinned()->set_offset(offset + done);
+                               copy->mutable_pinned()->set_nbytes(n);
+                             });
+}
+
 absl::Status SessionConnection::DownloadPinned(int device, uint64_t stream, uint64_t region,
                                                uint64_t offset, uint64_t addr, uint64_t nbytes,
                                                const std::string& describe) {
-  for (uint64_t done = 0; done < nbytes;) {
-    const uint64_t n = std::min(nbytes - done, kMaxPinnedCopyChunk);
-    v1::Command command;
-    command.set_device(device);
-    command.set_stream(stream);
-    v1::CopyFromDevice* copy = command.mutable_copy_from_device();
-    copy->set_addr(addr + done);
-    copy->set_nbytes(n);
-    copy->mutable_pinned()->set_region(region);
-    copy->mutable_pinned()->set_offset(offset + done);
-    copy->mutable_pinned()->set_nbytes(n);
-    if (Enqueue(std::move(command), describe) == 0) {
-      absl::MutexLock lock(&mu_);
-      return UnusableLocked();
-    }
-    done += n;
-  }
-  return absl::OkStatus();
+  return EnqueuePinnedChunks(device, stream, nbytes, describe,
+                             [&](v1::Command* command, uint64_t done, uint64_t n) {
+                               v1::CopyFromDevice* copy = command->mutable_copy_from_device();
+                               copy->set_addr(addr + done);
+                               copy->set_nbytes(n);
+                               copy->mutable_pinned()->set_region(region);
+                               copy->mutable_pinned()->set_offset(offset + done);
+                               copy->mutable_pinned()->set_nbytes(n);
+                             });
 }
 
 absl::Status SessionConnection::Flush() {

@@ -20,6 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -81,6 +82,11 @@ class SessionConnection final : public Connection {
   bool closed() const override;
 
  private:
+  // Enqueues the pinned copy of `nbytes` in chunks of at most
+  // kMaxPinnedCopyChunk, `fill` setting each chunk's copy (`done` bytes in).
+  absl::Status EnqueuePinnedChunks(
+      int device, uint64_t stream, uint64_t nbytes, const std::string& describe,
+      absl::FunctionRef<void(v1::Command*, uint64_t done, uint64_t n)> fill);
   // The reader thread: writes `open`, then reads until the stream ends.
   void ReadLoop(v1::ClientMessage open);
   // The idle-flush thread (see kIdleFlush).
