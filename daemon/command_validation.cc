@@ -187,6 +187,10 @@ absl::string_view CommandKindName(const v1::Command& command) {
     case v1::Command::kQueryStream: return "query_stream";
     case v1::Command::kPlaceResult: return "place_result";
     case v1::Command::kReleasePinned: return "release_pinned";
+    case v1::Command::kExportMemory: return "export_memory";
+    case v1::Command::kImportMemory: return "import_memory";
+    case v1::Command::kReleaseImport: return "release_import";
+    case v1::Command::kQueryExport: return "query_export";
     case v1::Command::KIND_NOT_SET: return "empty";
   }
   return "unknown";

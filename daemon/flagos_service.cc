@@ -27,9 +27,11 @@ std::string VersionRange(uint32_t min, uint32_t max) {
 
 FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
                              DeviceActivity* activity, Metrics* metrics, double start_time_unix,
-                             size_t max_pending_opens, absl::Duration open_deadline)
+                             size_t max_pending_opens, absl::Duration open_deadline,
+                             MemoryGrants* grants)
     : backend_(*backend),
       registry_(*registry),
+      grants_(grants),
       activity_(*activity),
       metrics_(metrics),
       start_time_(start_time_unix),
@@ -55,6 +57,7 @@ void FlagosService::AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo
     }
     uint64_t used = 0;
     for (const auto& session : sessions) used += session->device_bytes(d);
+    if (grants_ != nullptr) used += grants_->orphaned_bytes(d);
     info->set_used_memory(used);
     info->set_busy_seconds(activity_.busy_seconds(d));
     info->set_utilization(activity_.utilization(d));
@@ -162,7 +165,7 @@ grpc::Status FlagosService::Session(
         *reply.add_completions() = std::move(completion);
         write(reply);
       },
-      &activity_, metrics_);
+      &activity_, metrics_, grants_);
   registry_.Attach(*id, session);
   LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '",
                        session->client(), "', torch ",

@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "device_activity.h"
+#include "memory_grants.h"
 #include "metrics.h"
 #include "pending_opens.h"
 #include "flagos/v1/flagos.grpc.pb.h"
@@ -26,9 +27,10 @@ class FlagosService final : public v1::Flagos::Service {
   // `start_time_unix`: when the daemon started (GetStats reports it).
   // At most `max_pending_opens` streams wait for their `open` at once, each
   // for at most `open_deadline` (PendingOpens).
+  // Sessions share memory through `grants` (null: they share none).
   FlagosService(const Backend* backend, SessionRegistry* registry, DeviceActivity* activity,
                 Metrics* metrics, double start_time_unix, size_t max_pending_opens,
-                absl::Duration open_deadline);
+                absl::Duration open_deadline, MemoryGrants* grants = nullptr);
 
   // The staging socket offered to sessions opened over a unix socket (empty:
   // none). Call before the server starts.
@@ -49,7 +51,8 @@ class FlagosService final : public v1::Flagos::Service {
 
  private:
   // Devices as Negotiate and GetStats report them; used_memory sums the
-  // segments of all live sessions.
+  // segments of all live sessions and the shared segments only importers
+  // hold.
   void AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const;
 
   // Counts a call that ends with `status` (rpc errors) and returns it.
@@ -57,6 +60,7 @@ class FlagosService final : public v1::Flagos::Service {
 
   const Backend& backend_;
   SessionRegistry& registry_;
+  MemoryGrants* const grants_;
   DeviceActivity& activity_;
   Metrics* const metrics_;
   const double start_time_;  // seconds since the epoch

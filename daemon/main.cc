@@ -72,6 +72,10 @@ ABSL_FLAG(absl::Duration, test_wedge_health_probes_after, absl::InfiniteDuration
 ABSL_FLAG(int, max_sessions, 256,
           "Most client sessions served at once; further sessions are refused with "
           "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, memory_sharing, "same-user",
+          "Which client processes may use device memory another one shares with them "
+          "(torch.multiprocessing): same-user (processes of the sharing process's user, known "
+          "from the unix socket's peer credentials), any-user, or off.");
 
 namespace flagos::daemon {
 namespace {
@@ -217,6 +221,10 @@ int Run(int argc, char** argv) {
   ServerOptions server_options;
   server_options.listen = absl::GetFlag(FLAGS_listen);
   server_options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  absl::StatusOr<MemoryGrants::Policy> sharing =
+      MemoryGrants::ParsePolicy(absl::GetFlag(FLAGS_memory_sharing));
+  if (!sharing.ok()) return Fail(sharing.status().message());
+  server_options.memory_sharing = *sharing;
   server_options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   // An address asked for must be served; the default one may be taken (by
   // the node's system flagosd, when this is a private one): then a warning.

@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->activity_ = std::make_unique<DeviceActivity>(devices);
   if (!options.metrics_listen.empty()) server->metrics_ = std::make_unique<Metrics>(devices);
   server->registry_ = std::make_unique<SessionRegistry>(options.max_sessions);
+  server->grants_ = std::make_unique<MemoryGrants>(options.memory_sharing);
   if (server->metrics_ != nullptr) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
         MetricsEndpoint::Start(options.metrics_listen, *backend, *server->registry_,
@@ -63,7 +64,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                      server->activity_.get(),
                                                      server->metrics_.get(), start_time,
                                                      options.max_pending_opens,
-                                                     options.open_deadline);
+                                                     options.open_deadline,
+                                                     server->grants_.get());
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
     absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "backend.h"
 #include "listen_endpoint.h"
+#include "memory_grants.h"
 #include "pending_opens.h"
 
 namespace grpc {
@@ -42,6 +43,8 @@ struct ServerOptions {
   // Streams waiting for their `open` at once, and how long each may wait
   // (PendingOpens).
   size_t max_pending_opens = kMaxPendingOpens;
+  // Which sessions may import another's device memory (MemoryGrants).
+  MemoryGrants::Policy memory_sharing = MemoryGrants::Policy::kSameUser;
   absl::Duration open_deadline = kOpenDeadline;
   // Where /metrics is served (host:port); empty: no metrics endpoint, and
   // the command path counts nothing for it.
@@ -93,6 +96,8 @@ class Server {
  private:
   Server();
 
+  // First: every session (and the service) holding it goes before it.
+  std::unique_ptr<MemoryGrants> grants_;
   std::unique_ptr<DeviceActivity> activity_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<SessionRegistry> registry_;

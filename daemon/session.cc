@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,7 +67,7 @@ std::string Capped(const std::string& text, size_t limit) {
 }  // namespace
 
 Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
-                 DeviceActivity* activity, Metrics* metrics)
+                 DeviceActivity* activity, Metrics* metrics, MemoryGrants* grants)
     : id_(id),
       pid_(open.pid()),
       client_(Capped(open.client(), kMaxClientNameBytes)),
@@ -75,6 +76,7 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
       backend_(backend),
       activity_(activity),
       metrics_(metrics),
+      grants_(grants),
       reply_(std::move(reply)),
       ops_(OpRunner::Create(backend)),
       staging_token_(NewToken()) {}
@@ -91,6 +93,8 @@ v1::SessionInfo Session::Info() const {
   info.set_client(client_);
   info.set_segment_bytes(segments_.total_bytes());
   info.set_segments(segments_.size());
+  info.set_imported_segments(imported_.size());
+  info.set_imported_bytes(imported_.total_bytes());
   info.set_commands(commands_.load(std::memory_order_relaxed));
   info.set_stream_bytes_received(stream_bytes_received_.load(std::memory_order_relaxed));
   info.set_stream_bytes_sent(stream_bytes_sent_.load(std::memory_order_relaxed));
@@ -318,6 +322,18 @@ void Session::Dispatch(v1::Command command, bool ordered) {
       return ScheduleFree(seq, command.device(), command.free().addr());
     case v1::Command::kReleasePinned:
       return ScheduleReleasePinned(seq, command.release_pinned().region());
+    case v1::Command::kExportMemory:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return ExportMemory(command);
+    case v1::Command::kImportMemory:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return ImportMemory(command);
+    case v1::Command::kReleaseImport:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return ScheduleReleaseImport(seq, command.device(), command.release_import().addr());
+    case v1::Command::kQueryExport:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return QueryExport(command);
     case v1::Command::kSync: {
       if (command.sync().stream_only()) {
         if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
@@ -455,9 +471,149 @@ void Session::ExecuteFree(uint64_t seq, int device, DevicePtr addr) {
   {
     absl::WriterMutexLock lock(&memory_mu_);
     absl::StatusOr<Segment> segment = segments_.Remove(device, addr);
-    status = segment.ok() ? backend_.runtime().Free(device, addr) : segment.status();
+    if (!segment.ok()) {
+      status = segment.status();
+    } else if (grants_ == nullptr || grants_->DropOwner(device, addr)) {
+      // Not shared, or no other session holds it any more.
+      status = backend_.runtime().Free(device, addr);
+    }
   }
   if (!status.ok()) ReplyError(seq, "free", status);
+}
+
+bool Session::FreeMemory(const Segment& segment) {
+  if (absl::Status s = backend_.runtime().Free(segment.device, segment.addr); !s.ok()) {
+    LogError(absl::StrCat("session ", id_, ": freeing segment ",
+                          absl::StrFormat("0x%x", segment.addr), " on ",
+                          DeviceName(segment.device), " failed: ", s.message()));
+    return false;
+  }
+  return true;
+}
+
+absl::Status Session::CheckSharing(const v1::Command& command) const {
+  if (grants_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("command ", command.seq(), " (", CommandKindName(command),
+                   "): this flagosd shares no device memory between sessions"));
+}
+
+absl::StatusOr<Segment> Session::HeldSegment(const v1::Command& command, int device,
+                                             DevicePtr addr, bool* owned) const {
+  if (std::optional<Segment> segment = segments_.Lookup(device, addr)) {
+    *owned = true;
+    return *segment;
+  }
+  if (std::optional<Segment> segment = imported_.Lookup(device, addr)) {
+    *owned = false;
+    return *segment;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "command ", command.seq(), " (", CommandKindName(command), "): address ",
+      absl::StrFormat("0x%x", addr), " is in none of this session's segments on ",
+      DeviceName(device)));
+}
+
+void Session::ExportMemory(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  if (absl::Status s = CheckSharing(command); !s.ok()) return ReplyError(seq, "export_memory", s);
+  // Replies once what the session wrote before has completed, so that the
+  // importer reads it.
+  AfterQueuedWork(command.device(), [this, command](absl::Status status) {
+    if (!status.ok()) return ReplyError(command.seq(), "export_memory", status);
+    absl::ReaderMutexLock lock(&memory_mu_);  // no free runs meanwhile
+    bool owned = false;
+    absl::StatusOr<Segment> segment =
+        HeldSegment(command, command.device(), command.export_memory().addr(), &owned);
+    if (!segment.ok()) return ReplyError(command.seq(), "export_memory", segment.status());
+    absl::StatusOr<std::string> grant =
+        grants_->Export(id_, uid_.load(std::memory_order_relaxed), *segment, owned);
+    if (!grant.ok()) return ReplyError(command.seq(), "export_memory", grant.status());
+    v1::Completion completion;
+    completion.set_seq(command.seq());
+    completion.set_grant(*std::move(grant));
+    completion.set_addr(segment->addr);
+    completion.set_segment_nbytes(segment->nbytes);
+    Reply(std::move(completion));
+  });
+}
+
+void Session::ImportMemory(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  if (absl::Status s = CheckSharing(command); !s.ok()) return ReplyError(seq, "import_memory", s);
+  Segment segment;
+  {
+    absl::MutexLock lock(&imports_mu_);
+    absl::StatusOr<Segment> imported = grants_->Import(
+        id_, uid_.load(std::memory_order_relaxed), command.import_memory().grant(),
+        command.device());
+    if (!imported.ok()) return ReplyError(seq, "import_memory", imported.status());
+    segment = *imported;
+    uint64_t& holds = import_holds_[{segment.device, segment.addr}];
+    if (holds++ == 0) {
+      if (absl::Status s = imported_.Insert(segment.device, segment.addr, segment.nbytes);
+          !s.ok()) {
+        LogError(absl::StrCat("session ", id_, ": ", s.message()));
+      }
+    }
+  }
+  v1::Completion completion;
+  completion.set_seq(seq);
+  completion.set_addr(segment.addr);
+  completion.set_segment_nbytes(segment.nbytes);
+  Reply(std::move(completion));
+}
+
+void Session::ScheduleReleaseImport(uint64_t seq, int device, DevicePtr addr) {
+  {
+    absl::MutexLock lock(&free_mu_);
+    ++pending_frees_;
+  }
+  AfterQueuedWork(device, [this, seq, device, addr](absl::Status /*errors are the commands'*/) {
+    ExecuteReleaseImport(seq, device, addr);
+    absl::MutexLock lock(&free_mu_);
+    --pending_frees_;
+  });
+}
+
+void Session::ExecuteReleaseImport(uint64_t seq, int device, DevicePtr addr) {
+  absl::Status status;
+  {
+    absl::WriterMutexLock lock(&memory_mu_);
+    absl::MutexLock imports_lock(&imports_mu_);
+    auto holds = import_holds_.find({device, addr});
+    if (grants_ == nullptr || holds == import_holds_.end()) {
+      status = absl::NotFoundError(absl::StrFormat(
+          "command %d (release_import): this session holds no imported segment at 0x%x on %s "
+          "(released twice, or not an address import_memory returned)",
+          seq, addr, DeviceName(device)));
+    } else {
+      if (--holds->second == 0) {
+        import_holds_.erase(holds);
+        (void)imported_.Remove(device, addr);
+      }
+      absl::StatusOr<bool> unheld = grants_->Release(id_, device, addr);
+      if (!unheld.ok()) {
+        status = unheld.status();
+      } else if (*unheld) {
+        status = backend_.runtime().Free(device, addr);
+      }
+    }
+  }
+  if (!status.ok()) ReplyError(seq, "release_import", status);
+}
+
+void Session::QueryExport(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  if (absl::Status s = CheckSharing(command); !s.ok()) return ReplyError(seq, "query_export", s);
+  bool owned = false;
+  absl::StatusOr<Segment> segment =
+      HeldSegment(command, command.device(), command.query_export().addr(), &owned);
+  if (!segment.ok()) return ReplyError(seq, "query_export", segment.status());
+  v1::Completion completion;
+  completion.set_seq(seq);
+  completion.set_ready(!grants_->InUse(segment->device, segment->addr));
+  Reply(std::move(completion));
 }
 
 absl::StatusOr<Session::StreamState*> Session::QueueFor(int device, uint64_t stream) {
@@ -976,6 +1132,7 @@ void Session::CountCopy(int device, CopyDirection direction, uint64_t nbytes) {
 absl::Status Session::CheckRange(const v1::Command& command, int device, uint64_t addr,
                                  uint64_t nbytes) const {
   if (segments_.Contains(device, addr, nbytes)) return absl::OkStatus();
+  if (imported_.Contains(device, addr, nbytes)) return absl::OkStatus();
   return OutsideSegmentsError(command.seq(), CommandKindName(command), addr, nbytes, device);
 }
 
@@ -1360,14 +1517,19 @@ Session::CloseSummary Session::Close() {
   }
   absl::WriterMutexLock lock(&memory_mu_);
   for (const Segment& segment : segments_.TakeAll()) {
-    if (absl::Status s = backend_.runtime().Free(segment.device, segment.addr); !s.ok()) {
-      LogError(absl::StrCat("session ", id_, ": freeing segment ",
-                            absl::StrFormat("0x%x", segment.addr), " on ",
-                            DeviceName(segment.device), " failed: ", s.message()));
-      continue;
-    }
+    // A segment other sessions imported lives on until they release it.
+    if (grants_ != nullptr && !grants_->DropOwner(segment.device, segment.addr)) continue;
+    if (!FreeMemory(segment)) continue;
     ++summary.segments;
     summary.bytes += segment.nbytes;
+  }
+  if (grants_ != nullptr) {
+    // This session's holds on other sessions' segments: the last holder
+    // frees.
+    for (const Segment& segment : grants_->DropSession(id_)) FreeMemory(segment);
+    absl::MutexLock imports_lock(&imports_mu_);
+    import_holds_.clear();
+    (void)imported_.TakeAll();
   }
   return summary;
 }

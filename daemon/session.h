@@ -16,9 +16,13 @@
 //     the event at once (waiting commands keep its record);
 //     synchronize_event and elapsed_time reply once their records are done;
 //     sync with stream_only replies after every earlier command on its
-//     (device, stream).
-// Every address is checked against this session's segments when the
-// command executes; commands that execute hold the session's memory lock
+//     (device, stream);
+//   - export_memory replies once every earlier command on its device has
+//     completed; import_memory and query_export answer at once;
+//     release_import runs, like free, after every earlier command on its
+//     device (MemoryGrants: segments shared between sessions).
+// Every address is checked against this session's segments (its own and
+// those it imported) when the command executes; commands that execute hold the session's memory lock
 // shared, a free holds it exclusively, so memory is never unmapped under a
 // running command. Errors become Completions carrying the command's seq.
 //
@@ -49,6 +53,7 @@
 #include "backend.h"
 #include "device_activity.h"
 #include "flagos/v1/flagos.pb.h"
+#include "memory_grants.h"
 #include "metrics.h"
 #include "op_runner.h"
 #include "segment_table.h"
@@ -81,10 +86,12 @@ class Session {
     uint64_t bytes = 0;     // bytes they held
   };
 
-  // `backend` must outlive the session, and so must `activity` and
-  // `metrics` (each may be null: no busy time / no metrics counted).
+  // `backend` must outlive the session, and so must `activity`, `metrics`
+  // and `grants` (each may be null: no busy time / no metrics counted / no
+  // memory shared with other sessions).
   Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
-          DeviceActivity* activity = nullptr, Metrics* metrics = nullptr);
+          DeviceActivity* activity = nullptr, Metrics* metrics = nullptr,
+          MemoryGrants* grants = nullptr);
   // Close().
   ~Session();
 
@@ -164,6 +171,20 @@ class Session {
   absl::Status ClearNewSegment(int device, DevicePtr ptr, uint64_t nbytes);
   void ScheduleFree(uint64_t seq, int device, DevicePtr addr);
   void ExecuteFree(uint64_t seq, int device, DevicePtr addr);
+  // Gives `segment`'s memory back to the backend (logging a failure).
+  bool FreeMemory(const Segment& segment);
+  // ---- sharing segments with other sessions (MemoryGrants).
+  void ExportMemory(const v1::Command& command);
+  void ImportMemory(const v1::Command& command);
+  void ScheduleReleaseImport(uint64_t seq, int device, DevicePtr addr);
+  void ExecuteReleaseImport(uint64_t seq, int device, DevicePtr addr);
+  void QueryExport(const v1::Command& command);
+  // The segment, owned or imported, holding `addr` on `device`; `owned` says
+  // which. NOT_FOUND naming the command otherwise.
+  absl::StatusOr<Segment> HeldSegment(const v1::Command& command, int device, DevicePtr addr,
+                                      bool* owned) const;
+  // FAILED_PRECONDITION naming the command when the daemon shares nothing.
+  absl::Status CheckSharing(const v1::Command& command) const;
   void Enqueue(v1::Command command);
   // Runs on a queue worker. Issues the command's work to `backend_stream`;
   // what the work holds (upload bytes, staging chunks) is released, and a
@@ -275,6 +296,7 @@ class Session {
   const Backend& backend_;
   DeviceActivity* const activity_;
   Metrics* const metrics_;
+  MemoryGrants* const grants_;
   const ReplyFn reply_;
   const std::unique_ptr<OpRunner> ops_;
 
@@ -310,6 +332,12 @@ class Session {
       ABSL_GUARDED_BY(pinned_mu_);
   uint64_t pinned_total_bytes_ ABSL_GUARDED_BY(pinned_mu_) = 0;
   SegmentTable segments_;  // internally synchronised
+  // Segments of other sessions held through import_memory (each once, with
+  // the session's count of holds on it).
+  SegmentTable imported_;  // internally synchronised
+  absl::Mutex imports_mu_;
+  absl::flat_hash_map<std::pair<int, DevicePtr>, uint64_t> import_holds_
+      ABSL_GUARDED_BY(imports_mu_);
 
   // Held shared while a command uses device memory, exclusively to free it.
   mutable absl::Mutex memory_mu_;

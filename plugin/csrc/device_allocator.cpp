@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime.h"
+#include "sharing.h"
 
 namespace torch_fl {
 namespace {
@@ -368,10 +369,12 @@ void FlagosDeviceAllocator::copy_data(void* dest, const void* src, std::size_t c
 }
 
 void FlagosDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
+  CollectSharedBlocks();  // blocks of shared storages no receiver uses now
   GlobalPools().EmptyCache();
 }
 
 void FlagosDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  if (const c10::DataPtr* original = SharedBlockOriginal(ptr)) return recordStream(*original, stream);
   if (ptr.get_deleter() != &DeleteBlock) return;  // not our memory (from_blob ...)
   GlobalPools().RecordStream(ptr.get(), stream);
 }

@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include "pinned_allocator.h"
 #include "flagos/client/connection.h"
 #include "runtime.h"
+#include "sharing.h"
 
 namespace py = pybind11;
 
@@ -65,6 +67,8 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
     session["staging_attached"] = s.staging_attached();
     session["pinned_bytes"] = s.pinned_bytes();
     session["pinned_registered_bytes"] = s.pinned_registered_bytes();
+    session["imported_segments"] = s.imported_segments();
+    session["imported_bytes"] = s.imported_bytes();
     sessions.append(session);
   }
   out["sessions"] = sessions;
@@ -193,6 +197,26 @@ PYBIND11_MODULE(_C, m) {
     command.mutable_elapsed_time()->set_end(end);
     return Call(std::move(command), "event elapsed time").elapsed_ms();
   }, py::call_guard<py::gil_scoped_release>(), py::arg("start"), py::arg("end"));
+  // torch_fl._sharing: flagos storages passed between processes.
+  m.def("_share_storage", [](py::handle storage) {
+    TORCH_CHECK(THPStorage_Check(storage.ptr()), "flagos: _share_storage takes an UntypedStorage");
+    SharedStorageHandle handle;
+    {
+      py::gil_scoped_release release;
+      handle = ShareStorage(THPStorage_Unpack(storage.ptr()));
+    }
+    return py::make_tuple(py::bytes(handle.grant), handle.device, handle.offset, handle.nbytes);
+  });
+  m.def("_open_shared_storage", [](py::bytes grant, int device, uint64_t offset, uint64_t nbytes) {
+    SharedStorageHandle handle{std::string(grant), device, offset, nbytes};
+    c10::Storage storage;
+    {
+      py::gil_scoped_release release;
+      storage = OpenSharedStorage(handle);
+    }
+    return py::reinterpret_steal<py::object>(THPStorage_Wrap(std::move(storage)));
+  });
+  m.def("_collect_shared_blocks", &CollectSharedBlocks, py::call_guard<py::gil_scoped_release>());
   m.def("_empty_cache", []() { DeviceAllocator().emptyCache(); },
         py::call_guard<py::gil_scoped_release>());
   m.def("_daemon_info", []() {

@@ -30,6 +30,10 @@ torch.utils.generate_methods_for_privateuse1_backend(
 
 _C._set_endpoint_resolver(_endpoint.resolve)
 
+from . import _sharing  # noqa: E402  (needs the device registered)
+
+_sharing.install()
+
 
 def _autoload() -> None:
     """The ``torch.backends`` entry point, which ``import torch`` calls once

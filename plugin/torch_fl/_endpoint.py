@@ -3,7 +3,8 @@
 1. ``FLAGOS_ENDPOINT`` (``unix:///path`` or ``host:port``) when set;
 2. else the system daemon's socket ``/run/flagosd/flagosd.sock`` if it exists;
 3. else a private flagosd on a private socket, started here, announced once
-   on stderr and stopped when this process exits. Its backend is
+   on stderr and stopped when this process exits; ``FLAGOS_ENDPOINT`` then
+   names it for this process's children. Its backend is
    ``FLAGOS_BACKEND`` (``cpu`` by default; ``kunlunxin`` or ``auto``).
 """
 from __future__ import annotations
@@ -122,6 +123,9 @@ def _start_private_daemon() -> str:
                 )
             time.sleep(0.02)
         _private.update(endpoint=endpoint, proc=proc, workdir=workdir)
+        # Child processes (torch.multiprocessing, DataLoader workers) reach
+        # this daemon too: tensors shared between processes live in one.
+        os.environ["FLAGOS_ENDPOINT"] = endpoint
         print(
             f"torch_fl: no FLAGOS_ENDPOINT and no system flagosd at {SYSTEM_SOCKET}; "
             f"started a private flagosd (pid {proc.pid}, backend {backend}) at {endpoint}; "
@@ -136,7 +140,9 @@ def stop_private_daemon() -> None:
     with _lock:
         proc = _private.pop("proc", None)
         workdir = _private.pop("workdir", None)
-        _private.pop("endpoint", None)
+        endpoint = _private.pop("endpoint", None)
+    if endpoint is not None and os.environ.get("FLAGOS_ENDPOINT") == endpoint:
+        del os.environ["FLAGOS_ENDPOINT"]
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:

@@ -31,6 +31,9 @@ bool OwesReply(const Command& command) {
     case Command::kSynchronizeEvent:
     case Command::kElapsedTime:
     case Command::kQueryStream:
+    case Command::kExportMemory:
+    case Command::kImportMemory:
+    case Command::kQueryExport:
       return true;
     case Command::kOp:
       return command.op().want_values();

@@ -108,8 +108,9 @@ class Connection {
   // it); the command's own error status otherwise; UNAVAILABLE if the session
   // ended (daemon gone).
   //
-  // A command that owes no reply (see the proto: only allocate,
-  // copy_from_device, sync and op with want_values do) is followed by a sync
+  // A command that owes no reply (see the proto and v1::OwesReply: allocate,
+  // copy_from_device, sync, op with want_values, the event and stream
+  // queries and the sharing commands but release_import do) is followed by a sync
   // marker for all devices, whose Completion is returned; the command's own
   // failure then comes back as the asynchronous error.
   virtual absl::StatusOr<v1::Completion> Call(v1::Command command, std::string describe) = 0;
