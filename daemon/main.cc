@@ -72,6 +72,12 @@ ABSL_FLAG(absl::Duration, test_wedge_health_probes_after, absl::InfiniteDuration
 ABSL_FLAG(int, max_sessions, 256,
           "Most client sessions served at once; further sessions are refused with "
           "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, workers_per_device, 0,
+          "Threads per device that run the commands of every session's streams (1..1024); 0 "
+          "picks max(4, 2 x the host's cores). A stream is an ordering, not a thread: however "
+          "many sessions and streams there are, flagosd's threads stay bounded "
+          "(docs/operations.md, \"Threads\"). At most this many streams of one device run at "
+          "once.");
 
 namespace flagos::daemon {
 namespace {
@@ -84,7 +90,7 @@ constexpr char kUsage[] =
     "everything it allocated is freed.\n\n"
     "Usage: flagosd [--listen=unix:///run/flagosd/flagosd.sock] [--backend=auto]\n"
     "               [--cpu-devices=2] [--device-memory=8GiB] [--max-sessions=256]\n"
-    "               [--metrics-listen=127.0.0.1:9400]\n"
+    "               [--metrics-listen=127.0.0.1:9400] [--workers-per-device=0]\n"
     "Flag names may be written with dashes or underscores (--cpu-devices, --cpu_devices).\n\n"
     "flagosd prints one line on stdout when it is ready:\n"
     "  flagosd 0.1.0 listening on unix:///run/flagosd/flagosd.sock (backend cpu, 2 devices x "
@@ -217,6 +223,7 @@ int Run(int argc, char** argv) {
   ServerOptions server_options;
   server_options.listen = absl::GetFlag(FLAGS_listen);
   server_options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  server_options.workers_per_device = absl::GetFlag(FLAGS_workers_per_device);
   server_options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   // An address asked for must be served; the default one may be taken (by
   // the node's system flagosd, when this is a private one): then a warning.
