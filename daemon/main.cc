@@ -74,8 +74,8 @@ ABSL_FLAG(int, max_sessions, 256,
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, workers_per_device, 0,
           "Threads per device that run the commands of every session's streams (1..1024); 0 "
-          "picks max(4, 2 x the host's cores). A stream is an ordering, not a thread: however "
-          "many sessions and streams there are, flagosd's threads stay bounded "
+          "picks 2 x the host's cores, at least 4 and at most 64. A stream is an ordering, not "
+          "a thread: however many sessions and streams there are, flagosd's threads stay bounded "
           "(docs/operations.md, \"Threads\"). At most this many streams of one device run at "
           "once.");
 

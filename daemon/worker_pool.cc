@@ -62,7 +62,7 @@ void WorkerPool::Run() {
 
 int DefaultWorkersPerDevice() {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(4, 2 * cores);
+  return std::clamp(2 * cores, 4, 64);
 }
 
 }  // namespace flagos::daemon

@@ -64,8 +64,10 @@ class WorkerPool {
   std::vector<std::thread> threads_;  // last: started when everything above exists
 };
 
-// The default workers per device: max(4, 2 x the host's cores). Workers
-// mostly issue work and wait for the device, so more than the cores pay.
+// The default workers per device: 2 x the host's cores, at least 4 and at
+// most 64 (a large host with many devices stays within a few hundred
+// threads). Workers mostly issue work and wait for the device, so more
+// than the cores pay.
 int DefaultWorkersPerDevice();
 
 }  // namespace flagos::daemon

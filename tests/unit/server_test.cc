@@ -1510,6 +1510,20 @@ TEST_F(ManySessionsTest, ThreadCountDoesNotGrowWithSessionsTimesBusyStreams) {
   for (auto& session : sessions) EXPECT_TRUE(session->End().ok());
 }
 
+TEST_F(ServerTest, StartRefusesWorkersPerDeviceOutOfRangeNamingTheFlag) {
+  EXPECT_GE(server_->workers_per_device(), 4);  // the default
+  for (int workers : {-1, kMaxWorkersPerDevice + 1}) {
+    ServerOptions options;
+    options.listen = {absl::StrCat("unix://", dir_, "/other.sock")};
+    options.workers_per_device = workers;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options, backend_.get());
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(server.status().message(), "--workers-per-device must be"))
+        << server.status();
+  }
+}
+
 // One worker per device: a stream that waits for another stream's event,
 // or for another device's work, parks its queue and leaves the worker to
 // the stream it waits for (were it to block the worker, nothing would run).
