@@ -6,8 +6,9 @@
 // device's own figure, where its management library has one, is in
 // DeviceRuntime::GetTelemetry.
 //
-// A queue reports bursts, not commands: Begin when its worker picks up work
-// after being idle, End when it runs out. DeviceActivity samples every
+// A queue reports bursts, not commands: Begin when a worker picks up its
+// work after it was idle or parked, End when it runs out or parks (a queue
+// waiting for another stream's event or another device is not busy). DeviceActivity samples every
 // clock once a second to give each device's utilisation over the last
 // second.
 //

@@ -26,12 +26,13 @@ std::string VersionRange(uint32_t min, uint32_t max) {
 }  // namespace
 
 FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
-                             DeviceActivity* activity, Metrics* metrics, double start_time_unix,
+                             std::vector<WorkerPool*> pools, DeviceActivity* activity, Metrics* metrics, double start_time_unix,
                              size_t max_pending_opens, absl::Duration open_deadline,
                              MemoryGrants* grants)
     : backend_(*backend),
       registry_(*registry),
       grants_(grants),
+      pools_(std::move(pools)),
       activity_(*activity),
       metrics_(metrics),
       start_time_(start_time_unix),
@@ -165,7 +166,7 @@ grpc::Status FlagosService::Session(
         *reply.add_completions() = std::move(completion);
         write(reply);
       },
-      &activity_, metrics_, grants_);
+      pools_, &activity_, metrics_, grants_);
   registry_.Attach(*id, session);
   LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '",
                        session->client(), "', torch ",

@@ -6,6 +6,7 @@
 #define FLAGOS_DAEMON_FLAGOS_SERVICE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "backend.h"
 #include "device_activity.h"
@@ -14,6 +15,7 @@
 #include "pending_opens.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "session_registry.h"
+#include "worker_pool.h"
 
 namespace flagos::daemon {
 
@@ -24,11 +26,13 @@ inline constexpr uint32_t kMaxProtocolVersion = 1;
 class FlagosService final : public v1::Flagos::Service {
  public:
   // All must outlive the service; `metrics` may be null (metrics off).
+  // `pools`: one per device, where sessions' stream queues run.
   // `start_time_unix`: when the daemon started (GetStats reports it).
   // At most `max_pending_opens` streams wait for their `open` at once, each
   // for at most `open_deadline` (PendingOpens).
   // Sessions share memory through `grants` (null: they share none).
-  FlagosService(const Backend* backend, SessionRegistry* registry, DeviceActivity* activity,
+  FlagosService(const Backend* backend, SessionRegistry* registry,
+                std::vector<WorkerPool*> pools, DeviceActivity* activity,
                 Metrics* metrics, double start_time_unix, size_t max_pending_opens,
                 absl::Duration open_deadline, MemoryGrants* grants = nullptr);
 
@@ -61,6 +65,7 @@ class FlagosService final : public v1::Flagos::Service {
   const Backend& backend_;
   SessionRegistry& registry_;
   MemoryGrants* const grants_;
+  const std::vector<WorkerPool*> pools_;
   DeviceActivity& activity_;
   Metrics* const metrics_;
   const double start_time_;  // seconds since the epoch

@@ -15,10 +15,12 @@ HealthCheck::HealthCheck(const Backend& backend, std::string endpoint, absl::Dur
     : backend_(backend),
       endpoint_(std::move(endpoint)),
       wedge_at_(wedge_after == absl::InfiniteDuration() ? absl::InfiniteFuture()
-                                                        : absl::Now() + wedge_after) {
+                                                        : absl::Now() + wedge_after),
+      pool_("health probes", backend.runtime().DeviceCount()) {
   const int devices = backend_.runtime().DeviceCount();
   for (int d = 0; d < devices; ++d) {
-    queues_.push_back(std::make_unique<StreamQueue>(absl::StrCat("health probe flagos:", d)));
+    queues_.push_back(
+        std::make_unique<StreamQueue>(absl::StrCat("health probe flagos:", d), &pool_));
     probes_.push_back(nullptr);
   }
 }

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "backend.h"
 #include "stream_queue.h"
+#include "worker_pool.h"
 
 namespace flagos::daemon {
 
@@ -61,6 +62,10 @@ class HealthCheck {
   const absl::Time wedge_at_;
   absl::Mutex release_mu_;
   bool released_ ABSL_GUARDED_BY(release_mu_) = false;
+  // One worker per device, apart from the sessions' pools, so that a probe
+  // measures the runtime, not how busy the sessions keep their workers; at
+  // most one probe per device is queued, so a wedged one holds one worker.
+  WorkerPool pool_;
   // Per device: its probe queue and the probe last queued on it.
   std::vector<std::unique_ptr<StreamQueue>> queues_;
   std::vector<std::shared_ptr<Probe>> probes_;

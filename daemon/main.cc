@@ -76,6 +76,12 @@ ABSL_FLAG(std::string, memory_sharing, "same-user",
           "Which client processes may use device memory another one shares with them "
           "(torch.multiprocessing): same-user (processes of the sharing process's user, known "
           "from the unix socket's peer credentials), any-user, or off.");
+ABSL_FLAG(int, workers_per_device, 0,
+          "Threads per device that run the commands of every session's streams (1..1024); 0 "
+          "picks 2 x the host's cores, at least 4 and at most 64. A stream is an ordering, not "
+          "a thread: however many sessions and streams there are, flagosd's threads stay bounded "
+          "(docs/operations.md, \"Threads\"). At most this many streams of one device run at "
+          "once.");
 
 namespace flagos::daemon {
 namespace {
@@ -88,7 +94,7 @@ constexpr char kUsage[] =
     "everything it allocated is freed.\n\n"
     "Usage: flagosd [--listen=unix:///run/flagosd/flagosd.sock] [--backend=auto]\n"
     "               [--cpu-devices=2] [--device-memory=8GiB] [--max-sessions=256]\n"
-    "               [--metrics-listen=127.0.0.1:9400]\n"
+    "               [--metrics-listen=127.0.0.1:9400] [--workers-per-device=0]\n"
     "Flag names may be written with dashes or underscores (--cpu-devices, --cpu_devices).\n\n"
     "flagosd prints one line on stdout when it is ready:\n"
     "  flagosd 0.1.0 listening on unix:///run/flagosd/flagosd.sock (backend cpu, 2 devices x "
@@ -225,6 +231,7 @@ int Run(int argc, char** argv) {
       MemoryGrants::ParsePolicy(absl::GetFlag(FLAGS_memory_sharing));
   if (!sharing.ok()) return Fail(sharing.status().message());
   server_options.memory_sharing = *sharing;
+  server_options.workers_per_device = absl::GetFlag(FLAGS_workers_per_device);
   server_options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   // An address asked for must be served; the default one may be taken (by
   // the node's system flagosd, when this is a private one): then a warning.

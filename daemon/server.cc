@@ -19,6 +19,7 @@
 #include "metrics_endpoint.h"
 #include "session_registry.h"
 #include "staging_listener.h"
+#include "worker_pool.h"
 
 namespace flagos::daemon {
 
@@ -33,6 +34,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError(
         absl::StrCat("--max-sessions must be at least 1, got ", options.max_sessions));
   }
+  if (options.workers_per_device < 0 || options.workers_per_device > kMaxWorkersPerDevice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers-per-device must be 0 (the default, ", DefaultWorkersPerDevice(),
+        " on this host) or 1..", kMaxWorkersPerDevice, ", got ", options.workers_per_device));
+  }
   std::unique_ptr<Server> server(new Server());
   for (const std::string& spec : options.listen) {
     absl::StatusOr<ListenEndpoint> endpoint = ParseListenEndpoint(spec);
@@ -44,6 +50,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const double start_time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   const int devices = backend->runtime().DeviceCount();
   server->activity_ = std::make_unique<DeviceActivity>(devices);
+  const int workers = options.workers_per_device > 0 ? options.workers_per_device
+                                                     : DefaultWorkersPerDevice();
+  std::vector<WorkerPool*> pools;
+  for (int d = 0; d < devices; ++d) {
+    server->pools_.push_back(
+        std::make_unique<WorkerPool>(absl::StrCat("flagos:", d, " workers"), workers));
+    pools.push_back(server->pools_.back().get());
+  }
   if (!options.metrics_listen.empty()) server->metrics_ = std::make_unique<Metrics>(devices);
   server->registry_ = std::make_unique<SessionRegistry>(options.max_sessions);
   server->grants_ = std::make_unique<MemoryGrants>(options.memory_sharing);
@@ -61,7 +75,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
   }
   server->service_ = std::make_unique<FlagosService>(backend, server->registry_.get(),
-                                                     server->activity_.get(),
+                                                     std::move(pools), server->activity_.get(),
                                                      server->metrics_.get(), start_time,
                                                      options.max_pending_opens,
                                                      options.open_deadline,
@@ -115,6 +129,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
 std::string Server::metrics_url() const {
   return metrics_endpoint_ == nullptr ? std::string() : metrics_endpoint_->url();
+}
+
+int Server::workers_per_device() const {
+  return pools_.empty() ? 0 : pools_.front()->workers();
 }
 
 size_t Server::session_count() const { return registry_->Snapshot().size(); }

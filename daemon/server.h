@@ -30,9 +30,13 @@ class Metrics;
 class MetricsEndpoint;
 class SessionRegistry;
 class StagingListener;
+class WorkerPool;
 
 // The largest gRPC message flagosd sends or accepts.
 inline constexpr int kMaxMessageBytes = 256 << 20;
+
+// The most --workers-per-device accepts.
+inline constexpr int kMaxWorkersPerDevice = 1024;
 
 // The default --metrics-listen.
 inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9400";
@@ -40,6 +44,9 @@ inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9400";
 struct ServerOptions {
   std::vector<std::string> listen = {kDefaultListen};
   int max_sessions = 256;
+  // Threads per device that run every session's stream queues
+  // (--workers-per-device); 0: DefaultWorkersPerDevice().
+  int workers_per_device = 0;
   // Streams waiting for their `open` at once, and how long each may wait
   // (PendingOpens).
   size_t max_pending_opens = kMaxPendingOpens;
@@ -79,6 +86,8 @@ class Server {
   std::string metrics_url() const;
   // Null when metrics are off.
   Metrics* metrics() const { return metrics_.get(); }
+  // Workers in each device's pool.
+  int workers_per_device() const;
   // Live sessions.
   size_t session_count() const;
   // Streams waiting for their `open`.
@@ -99,6 +108,9 @@ class Server {
   // First: every session (and the service) holding it goes before it.
   std::unique_ptr<MemoryGrants> grants_;
   std::unique_ptr<DeviceActivity> activity_;
+  // One per device: the threads that run the sessions' stream queues.
+  // Destroyed after every session (declared before them).
+  std::vector<std::unique_ptr<WorkerPool>> pools_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<SessionRegistry> registry_;
   // Next to the first unix endpoint; none when flagosd listens on TCP only.

@@ -67,7 +67,8 @@ std::string Capped(const std::string& text, size_t limit) {
 }  // namespace
 
 Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
-                 DeviceActivity* activity, Metrics* metrics, MemoryGrants* grants)
+                 std::vector<WorkerPool*> pools, DeviceActivity* activity, Metrics* metrics,
+                 MemoryGrants* grants)
     : id_(id),
       pid_(open.pid()),
       client_(Capped(open.client(), kMaxClientNameBytes)),
@@ -78,6 +79,7 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
       metrics_(metrics),
       grants_(grants),
       reply_(std::move(reply)),
+      pools_(std::move(pools)),
       ops_(OpRunner::Create(backend)),
       staging_token_(NewToken()) {}
 
@@ -625,6 +627,10 @@ absl::StatusOr<Session::StreamState*> Session::QueueFor(int device, uint64_t str
         "the session already uses ", queues_.size(), " streams, the most flagosd allows (",
         kMaxStreamsPerSession, "); reuse streams"));
   }
+  if (device < 0 || static_cast<size_t>(device) >= pools_.size() || pools_[device] == nullptr) {
+    return absl::InternalError(absl::StrCat("flagosd has no worker pool for ", DeviceName(device),
+                                            " (", pools_.size(), " pools)"));
+  }
   auto state = std::make_unique<StreamState>();
   state->device = device;
   if (stream != 0) {
@@ -633,7 +639,7 @@ absl::StatusOr<Session::StreamState*> Session::QueueFor(int device, uint64_t str
     state->backend_stream = *handle;
   }
   state->queue = std::make_unique<StreamQueue>(
-      absl::StrCat("session ", id_, " ", DeviceName(device), " stream ", stream),
+      absl::StrCat("session ", id_, " ", DeviceName(device), " stream ", stream), pools_[device],
       activity_ == nullptr ? nullptr : activity_->clock(device));
   StreamState* raw = state.get();
   queues_.emplace(std::make_pair(device, stream), std::move(state));
@@ -660,20 +666,26 @@ void Session::Enqueue(v1::Command command) {
     payload_mu_.Await(absl::Condition(&has_room));
     queued_payload_bytes_ += payload;
   }
-  // A copy from another device reads what that device's queues write: it
-  // waits for every earlier command there (guarded by gate_mu_).
-  std::shared_ptr<bool> source_ready;
+  // A copy from another device reads what that device's queues write: its
+  // queue parks (holding no worker) until every earlier command there has
+  // executed; the queue that finishes last resumes it.
+  std::shared_ptr<SourceReady> source_ready;
   if (command.has_copy_device_to_device() &&
       command.copy_device_to_device().src_device() != command.device()) {
-    source_ready = std::make_shared<bool>(false);
+    source_ready = std::make_shared<SourceReady>();
     AfterQueuedWork(command.copy_device_to_device().src_device(),
                     [this, source_ready](absl::Status /*errors are the commands'*/) {
-                      absl::MutexLock lock(&gate_mu_);
-                      *source_ready = true;
+                      std::optional<StreamQueue::Resume> resume;
+                      {
+                        absl::MutexLock lock(&gate_mu_);
+                        source_ready->ready = true;
+                        resume.swap(source_ready->resume);
+                      }
+                      if (resume.has_value()) (*resume)();
                     });
   }
   // The client waits for this command's reply, and its queue is idle (only
-  // this thread pushes to it): run it here rather than waking the worker,
+  // this thread pushes to it): run it here rather than waking a worker,
   // which saves two thread switches on every synchronous round trip.
   const bool owes_reply = (command.has_copy_from_device() &&
                            !command.copy_from_device().has_pinned()) ||
@@ -683,25 +695,26 @@ void Session::Enqueue(v1::Command command) {
     Execute(command, backend_stream);
     return;
   }
-  (*state)->queue->Push(
-      [this, command = std::move(command), backend_stream, source_ready, payload]() mutable {
-        if (source_ready == nullptr || WaitUntilReady(*source_ready)) {
-          Execute(command, backend_stream);
+  if (source_ready != nullptr) {
+    (*state)->queue->PushGate([this, source_ready](StreamQueue::Resume resume) {
+      {
+        absl::MutexLock lock(&gate_mu_);
+        if (!source_ready->ready) {
+          source_ready->resume = std::move(resume);
+          return;
         }
+      }
+      resume();
+    });
+  }
+  (*state)->queue->Push(
+      [this, command = std::move(command), backend_stream, payload]() mutable {
+        Execute(command, backend_stream);
         if (payload > 0) {
           absl::MutexLock lock(&payload_mu_);
           queued_payload_bytes_ -= payload;
         }
       });
-}
-
-bool Session::WaitUntilReady(const bool& ready) {
-  absl::MutexLock lock(&gate_mu_);
-  const auto ready_or_closing = [this, &ready]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) {
-    return ready || closing_;
-  };
-  gate_mu_.Await(absl::Condition(&ready_or_closing));
-  return ready;
 }
 
 // ------------------------------------------------------------------ events
@@ -863,8 +876,12 @@ void Session::WaitEvent(v1::Command command) {
   if (!state.ok()) return ReplyError(seq, "wait_event", state.status());
   const int device = command.device();
   const StreamHandle backend_stream = (*state)->backend_stream;
+  // The queue parks until the record is issued (by its own stream's queue);
+  // the worker issuing it resumes this one.
+  (*state)->queue->PushGate([this, record](StreamQueue::Resume resume) {
+    WhenIssued({record}, [resume] { resume(); });
+  });
   (*state)->queue->Push([this, seq, device, backend_stream, record = std::move(record)] {
-    if (!WaitUntilReady(record->issued)) return;  // the session is closing
     if (record->handle == 0) return;  // the record failed; reported then
     // Issued: the backend orders the rest (same device), or this worker
     // waits for the record to complete (another device).
@@ -1461,10 +1478,6 @@ Session::CloseSummary Session::Close() {
   // be reused by another session's connection) until no reply can come.
   if (sync_fd_ >= 0) shutdown(sync_fd_, SHUT_RDWR);
   if (sync_thread_.joinable()) sync_thread_.join();
-  {
-    absl::MutexLock lock(&gate_mu_);
-    closing_ = true;  // releases commands waiting for another device
-  }
   absl::flat_hash_map<std::pair<int, uint64_t>, std::unique_ptr<StreamState>> queues;
   {
     absl::MutexLock lock(&queues_mu_);

@@ -1,8 +1,9 @@
 // One client session: the state behind one Session stream.
 //
 // A session owns its segments (SegmentTable), the ops it registered
-// (OpRunner) and one StreamQueue per (device, stream) it used. Commands are
-// handled as the flagos.proto comments say:
+// (OpRunner) and one StreamQueue per (device, stream) it used; the queues
+// have no threads of their own but run on their device's WorkerPool, shared
+// by every session. Commands are handled as the flagos.proto comments say:
 //   - register_op and allocate run at once in the reading thread;
 //   - op, copies and memset go to their (device, stream) queue, FIFO;
 //   - free runs once every earlier command on its device (all streams) has
@@ -11,7 +12,8 @@
 //   - copy_device_to_device from another device runs on the destination's
 //     queue once every earlier command on the source device has executed;
 //   - record_event goes to its stream's queue; wait_event captures the
-//     event's latest record and its stream's queue waits for that record;
+//     event's latest record and its stream's queue parks (a gate, holding
+//     no worker) until that record is issued;
 //     query_event and query_stream answer at once, destroy_event forgets
 //     the event at once (waiting commands keep its record);
 //     synchronize_event and elapsed_time reply once their records are done;
@@ -21,6 +23,10 @@
 //     completed; import_memory and query_export answer at once;
 //     release_import runs, like free, after every earlier command on its
 //     device (MemoryGrants: segments shared between sessions).
+// No task waits for another queue's work while it holds a worker: a cross-
+// device copy and a wait_event park their queue, and what they wait for
+// resumes it. Tasks do block on the device (stream and event
+// synchronisation), whose progress does not need a worker.
 // Every address is checked against this session's segments (its own and
 // those it imported) when the command executes; commands that execute hold the session's memory lock
 // shared, a free holds it exclusively, so memory is never unmapped under a
@@ -41,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -60,11 +67,12 @@
 #include "pinned_region.h"
 #include "staging_region.h"
 #include "stream_queue.h"
+#include "worker_pool.h"
 
 namespace flagos::daemon {
 
-// Streams (queues with a worker thread each) one session may use, all
-// devices together.
+// Streams (FIFO queues on their device's worker pool) one session may use,
+// all devices together.
 inline constexpr int kMaxStreamsPerSession = 64;
 // Bytes of copy_to_device data a session may have queued and not yet
 // executed; beyond it the session stops reading until its queues catch up.
@@ -86,12 +94,13 @@ class Session {
     uint64_t bytes = 0;     // bytes they held
   };
 
-  // `backend` must outlive the session, and so must `activity`, `metrics`
-  // and `grants` (each may be null: no busy time / no metrics counted / no
-  // memory shared with other sessions).
+  // `backend` must outlive the session, and so must `pools` (one per
+  // device of the backend, indexed by device: where the session's queues
+  // run), `activity`, `metrics` and `grants` (each may be null: no busy
+  // time / no metrics counted / no memory shared with other sessions).
   Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
-          DeviceActivity* activity = nullptr, Metrics* metrics = nullptr,
-          MemoryGrants* grants = nullptr);
+          std::vector<WorkerPool*> pools, DeviceActivity* activity = nullptr,
+          Metrics* metrics = nullptr, MemoryGrants* grants = nullptr);
   // Close().
   ~Session();
 
@@ -283,9 +292,13 @@ class Session {
   // event) and drops its on_issued actions.
   void AbandonRecord(EventRecord& record);
 
-  // Blocks a queue worker until `ready` (guarded by gate_mu_) or the
-  // session closes; returns `ready`.
-  bool WaitUntilReady(const bool& ready);
+  // What a copy from another device waits for: every earlier command on
+  // the source device executed (`ready`), and the Resume of the copy's
+  // parked queue when it parked first. Guarded by gate_mu_.
+  struct SourceReady {
+    bool ready = false;
+    std::optional<StreamQueue::Resume> resume;
+  };
 
   // Constant after construction.
   const uint64_t id_;
@@ -298,6 +311,7 @@ class Session {
   Metrics* const metrics_;
   MemoryGrants* const grants_;
   const ReplyFn reply_;
+  const std::vector<WorkerPool*> pools_;
   const std::unique_ptr<OpRunner> ops_;
 
   // Serialises Dispatch between the reading thread and the sync channel.
@@ -349,8 +363,8 @@ class Session {
   absl::Mutex payload_mu_;
   uint64_t queued_payload_bytes_ ABSL_GUARDED_BY(payload_mu_) = 0;
 
+  // Guards EventRecord's issued state and SourceReady.
   absl::Mutex gate_mu_;
-  bool closing_ ABSL_GUARDED_BY(gate_mu_) = false;
 
   // Event id → its latest record. Reading thread only.
   absl::flat_hash_map<uint64_t, std::shared_ptr<EventRecord>> events_;

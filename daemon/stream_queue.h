@@ -1,33 +1,66 @@
-// A FIFO of work for one (session, device, stream), executed in order by
-// its own worker thread. Commands a client issues on one stream run in the
-// order issued; different streams run concurrently.
+// A FIFO of work for one (session, device, stream). Commands a client issues
+// on one stream run in the order issued, one at a time; different streams
+// run concurrently. A queue has no thread of its own: when it gets work it
+// schedules itself once on its device's WorkerPool, whose worker runs its
+// tasks (a bounded number per turn, then it goes to the back of the pool's
+// ready list, so that a busy stream cannot hold a worker from the others)
+// and releases it when it runs out.
 //
-// Thread safety: Push and Stop may be called from any thread. Tasks run on
-// the worker thread only, one at a time.
+// A task must not block waiting for another queue's work (with a bounded
+// pool every worker could be waiting). A task that depends on another queue
+// is a gate (PushGate): the queue parks, holding no worker, until the gate's
+// Resume is called, typically by the task it waits for.
+//
+// Thread safety: every method may be called from any thread (Stop not from
+// one of this queue's tasks). Tasks run on the pool's workers, one at a
+// time per queue, each after the one pushed before it has finished.
 #ifndef FLAGOS_DAEMON_STREAM_QUEUE_H_
 #define FLAGOS_DAEMON_STREAM_QUEUE_H_
 
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
-#include "absl/synchronization/mutex.h"
 #include "device_activity.h"
+#include "worker_pool.h"
 
 namespace flagos::daemon {
 
 class StreamQueue {
+ private:
+  struct Core;
+
  public:
   using Task = absl::AnyInvocable<void() &&>;
 
-  // Starts the worker. `name` appears in log lines ("session 3 flagos:0 stream 7").
-  // `busy` (may be null; must outlive the queue) is told when the worker
-  // starts running tasks after being idle and when it runs out of them.
-  explicit StreamQueue(std::string name, BusyClock* busy = nullptr);
+  // Lets a queue parked by a gate go on. Copyable; may be called from any
+  // thread, any number of times (the first call counts), also after the
+  // queue stopped or was destroyed (then it does nothing).
+  class Resume {
+   public:
+    void operator()() const;
+
+   private:
+    friend class StreamQueue;
+    Resume(std::weak_ptr<Core> core, uint64_t gate) : core_(std::move(core)), gate_(gate) {}
+    std::weak_ptr<Core> core_;
+    uint64_t gate_;
+  };
+  // Runs in the queue's turn like a task and is given the Resume of this
+  // gate: nothing pushed after it runs until that Resume is called (at
+  // once, inside the gate, when what it waits for is done already).
+  using Gate = absl::AnyInvocable<void(Resume) &&>;
+
+  // Tasks one worker runs of one queue before it lets other queues go first.
+  static constexpr int kTasksPerTurn = 64;
+
+  // `name` appears in log lines ("session 3 flagos:0 stream 7"). `pool`
+  // (must outlive the queue) runs the tasks. `busy` (may be null; must
+  // outlive the queue) is told when the queue starts running tasks after
+  // being idle or parked, and when it runs out of them or parks.
+  StreamQueue(std::string name, WorkerPool* pool, BusyClock* busy = nullptr);
   // Stop().
   ~StreamQueue();
 
@@ -38,29 +71,30 @@ class StreamQueue {
   // throws is logged and does not stop the queue.
   void Push(Task task);
   // Appends `tasks` in order, as many Pushes would, with one lock and at most
-  // one wake-up of the worker (a batch of commands for one stream costs one
+  // one wake-up of a worker (a batch of commands for one stream costs one
   // wake-up rather than one per command). Leaves `tasks` empty.
   void PushAll(std::vector<Task>* tasks);
+  // Appends `gate` (see Gate). A gate that throws is logged and resumes
+  // the queue.
+  void PushGate(Gate gate);
 
-  // Drops every task not yet started, waits for the running one to finish
-  // and joins the worker. Idempotent. Must not be called from a task.
+  // Drops every task not yet started (a parked queue's included), waits for
+  // the running one to finish; nothing of this queue runs afterwards.
+  // Idempotent. Must not be called from a task of this queue.
   void Stop();
 
-  // Tasks pushed and not yet finished.
+  // Tasks pushed and not yet finished (a parked gate counts as one).
   uint64_t pending() const;
 
  private:
-  void Run();
+  // Runs up to kTasksPerTurn tasks of `core` on a worker.
+  static void Drain(const std::shared_ptr<Core>& core);
+  // Puts `core` on its pool's ready list.
+  static void Schedule(const std::shared_ptr<Core>& core);
 
-  const std::string name_;
-  BusyClock* const busy_;
-
-  mutable absl::Mutex mu_;
-  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
-  bool running_task_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-
-  std::thread worker_;  // last: started when everything above exists
+  // Shared with the pool's ready list and with Resumes, which may outlive
+  // the queue.
+  const std::shared_ptr<Core> core_;
 };
 
 }  // namespace flagos::daemon

@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <iostream>
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
@@ -265,6 +268,7 @@ class ServerTest : public ::testing::Test {
     server_options.max_pending_opens = 3;
     server_options.open_deadline = absl::Seconds(2);
     server_options.memory_sharing = memory_sharing;
+    Configure(&server_options);
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -274,6 +278,9 @@ class ServerTest : public ::testing::Test {
     channel_ = grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), args);
     stub_ = v1::Flagos::NewStub(channel_);
   }
+
+  // A fixture's changes to the server's options.
+  virtual void Configure(ServerOptions* /*options*/) {}
 
   void TearDown() override {
     stub_.reset();
@@ -1553,6 +1560,179 @@ TEST_F(ServerTest, EndOfSessionDestroysItsEvents) {
           << "device " << device << " event " << h;
     }
   }
+}
+
+}  // namespace
+}  // namespace flagos::daemon
+
+namespace flagos::daemon {
+namespace {
+
+// The threads of this process (the test's server and its client).
+int ThreadCount() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
+}
+
+v1::Command Memset(uint64_t addr, uint64_t nbytes, int value, int device, uint64_t stream) {
+  v1::Command command;
+  command.set_device(device);
+  command.set_stream(stream);
+  command.mutable_memset()->set_addr(addr);
+  command.mutable_memset()->set_nbytes(nbytes);
+  command.mutable_memset()->set_value(value);
+  return command;
+}
+
+v1::Command CopyAcross(uint64_t dst, int device, uint64_t stream, uint64_t src, int src_device,
+                       uint64_t nbytes) {
+  v1::Command command;
+  command.set_device(device);
+  command.set_stream(stream);
+  command.mutable_copy_device_to_device()->set_dst(dst);
+  command.mutable_copy_device_to_device()->set_src(src);
+  command.mutable_copy_device_to_device()->set_src_device(src_device);
+  command.mutable_copy_device_to_device()->set_nbytes(nbytes);
+  return command;
+}
+
+// Each of `streams` streams (1..streams, on device stream % 2) memsets its
+// own chunk `rounds` times with the byte `stream`; stream 1 (device 1) then
+// records event 1, which stream 2 (device 0) waits for before it copies
+// stream 1's chunk into its own. A sync ends the batch. Returns the
+// commands; `chunk(device, stream)` is the address of a stream's chunk.
+template <typename ChunkFn>
+std::vector<v1::Command> BusyStreams(int streams, int rounds, uint64_t chunk_bytes,
+                                     ChunkFn chunk) {
+  std::vector<v1::Command> commands;
+  for (int round = 0; round < rounds; ++round) {
+    for (int stream = 1; stream <= streams; ++stream) {
+      const int device = stream % 2;
+      commands.push_back(Memset(chunk(device, stream), chunk_bytes, stream, device, stream));
+    }
+  }
+  commands.push_back(RecordEvent(1, false, 1, 1));
+  commands.push_back(WaitEvent(1, 0, 2));
+  commands.push_back(CopyAcross(chunk(0, 2), 0, 2, chunk(1, 1), 1, chunk_bytes));
+  commands.push_back(Sync());
+  return commands;
+}
+
+// 64 sessions x 8 streams on a daemon with 4 workers per device (2
+// devices). The bound (docs/operations.md, "Threads"): the workers exist
+// from the start; a session adds the one gRPC thread that reads its stream
+// (and the sync channel's, which a raw session does not attach), and no
+// number of streams or of commands queued on them adds any. gRPC's sync
+// server may keep a few spare threads for new calls, and its core a few
+// more under load: kGrpcSpareThreads. (One thread per stream, the design
+// before the pool, is 512 threads more.)
+class ManySessionsTest : public ServerTest {
+ protected:
+  static constexpr int kSessions = 64;
+  static constexpr int kStreams = 8;
+  static constexpr int kWorkersPerDevice = 4;
+  static constexpr int kGrpcSpareThreads = 16;
+  void Configure(ServerOptions* options) override {
+    options->max_sessions = kSessions;
+    options->workers_per_device = kWorkersPerDevice;
+  }
+};
+
+TEST_F(ManySessionsTest, ThreadCountDoesNotGrowWithSessionsTimesBusyStreams) {
+  EXPECT_EQ(server_->workers_per_device(), kWorkersPerDevice);
+  Stats();  // the client channel is connected and its threads exist
+  const int at_start = ThreadCount();
+  constexpr uint64_t kChunk = 128 << 10;
+  // Per device: chunks for streams 0..kStreams (index stream / 2).
+  constexpr uint64_t kSegment = (kStreams / 2 + 1) * kChunk;
+  std::vector<std::unique_ptr<RawSession>> sessions;
+  std::vector<std::array<uint64_t, 2>> segments;
+  for (int i = 0; i < kSessions; ++i) {
+    sessions.push_back(std::make_unique<RawSession>(stub_.get()));
+    sessions.back()->Open();
+    segments.push_back({sessions.back()->AllocateOk(kSegment, 0),
+                        sessions.back()->AllocateOk(kSegment, 1)});
+  }
+  const int sessions_open = ThreadCount();
+  std::vector<uint64_t> syncs;
+  for (int i = 0; i < kSessions; ++i) {
+    const auto chunk = [&segments, i](int device, int stream) {
+      return segments[i][device] + (stream / 2) * kChunk;
+    };
+    syncs.push_back(sessions[i]->Send(BusyStreams(kStreams, 100, kChunk, chunk)));
+  }
+  int busy = ThreadCount();
+  for (int i = 0; i < kSessions; ++i) {
+    v1::Completion sync = sessions[i]->WaitFor(syncs[i]);
+    EXPECT_EQ(sync.code(), 0) << sync.message();
+    busy = std::max(busy, ThreadCount());
+  }
+  std::cout << "threads: " << at_start << " at start (" << kWorkersPerDevice
+            << " workers x 2 devices included), " << sessions_open << " with " << kSessions
+            << " sessions open, at most " << busy << " with " << kSessions << " x " << kStreams
+            << " streams busy\n";
+  RecordProperty("threads_at_start", at_start);
+  RecordProperty("threads_sessions_open", sessions_open);
+  RecordProperty("threads_busy_max", busy);
+  EXPECT_LE(sessions_open, at_start + kSessions + kGrpcSpareThreads);
+  EXPECT_LE(busy, at_start + kSessions + kGrpcSpareThreads);
+  // Every session's streams ran in order: stream 2 copied stream 1's bytes
+  // after waiting for its event.
+  for (int i = 0; i < kSessions; ++i) {
+    v1::Completion data =
+        sessions[i]->Call(CopyFrom(segments[i][0] + kChunk + kChunk - 4, 4, 0, 2));
+    ASSERT_EQ(data.code(), 0) << data.message();
+    EXPECT_EQ(data.data(), std::string(4, '\x01')) << "session " << i;
+  }
+  for (auto& session : sessions) EXPECT_TRUE(session->End().ok());
+}
+
+TEST_F(ServerTest, StartRefusesWorkersPerDeviceOutOfRangeNamingTheFlag) {
+  EXPECT_GE(server_->workers_per_device(), 4);  // the default
+  for (int workers : {-1, kMaxWorkersPerDevice + 1}) {
+    ServerOptions options;
+    options.listen = {absl::StrCat("unix://", dir_, "/other.sock")};
+    options.workers_per_device = workers;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options, backend_.get());
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(server.status().message(), "--workers-per-device must be"))
+        << server.status();
+  }
+}
+
+// One worker per device: a stream that waits for another stream's event,
+// or for another device's work, parks its queue and leaves the worker to
+// the stream it waits for (were it to block the worker, nothing would run).
+class OneWorkerTest : public ServerTest {
+ protected:
+  void Configure(ServerOptions* options) override { options->workers_per_device = 1; }
+};
+
+TEST_F(OneWorkerTest, WaitsAcrossStreamsAndDevicesDoNotStarveTheOnlyWorker) {
+  RawSession session(stub_.get());
+  session.Open();
+  constexpr uint64_t kChunk = 1 << 20;
+  const uint64_t a = session.AllocateOk(4 * kChunk, 0);
+  const uint64_t b = session.AllocateOk(4 * kChunk, 1);
+  // Stream 1 gets work first (so it is first on the ready list), then
+  // waits for event 5, which stream 2 records after its own work.
+  session.Send({Memset(a, kChunk, 1, 0, 1), Memset(a + kChunk, kChunk, 2, 0, 2),
+                RecordEvent(5, false, 0, 2), WaitEvent(5, 0, 1),
+                CopyAcross(a + 2 * kChunk, 0, 1, a + kChunk, 0, kChunk),
+                // Device 1's stream 3 waits for device 0's event 6 (after
+                // stream 1's copy); device 0's stream 4 copies from device
+                // 1 after everything queued there.
+                RecordEvent(6, false, 0, 1), WaitEvent(6, 1, 3), Memset(b, kChunk, 3, 1, 3),
+                CopyAcross(a + 3 * kChunk, 0, 4, b, 1, kChunk)});
+  std::vector<v1::Completion> errors = session.RunAndSync({});
+  for (const v1::Completion& e : errors) ADD_FAILURE() << e.seq() << ": " << e.message();
+  EXPECT_EQ(session.Call(CopyFrom(a + 3 * kChunk - 4, 4, 0, 1)).data(), std::string(4, '\x02'));
+  EXPECT_EQ(session.Call(CopyFrom(a + 4 * kChunk - 4, 4, 0, 4)).data(), std::string(4, '\x03'));
+  EXPECT_TRUE(session.End().ok());
 }
 
 }  // namespace

@@ -1,0 +1,75 @@
+// A fixed set of worker threads that run scheduled jobs in the order they
+// were scheduled. flagosd runs one pool per device (Server, sized by
+// --workers-per-device); every StreamQueue of that device, of every
+// session, is a passive FIFO that schedules one job on its device's pool
+// when it gets work, so the daemon's thread count does not grow with
+// sessions x streams (docs/operations.md, "Threads").
+//
+// The pool knows nothing of queues or ordering: a job is a closure. Ordering
+// and "one task of a queue at a time" are StreamQueue's.
+//
+// A job must not wait for another job of the same pool to run (the workers
+// could all be waiting): a queue whose next task needs another queue's work
+// parks instead (StreamQueue::PushGate) and is scheduled again when that
+// work is done. Jobs may block on the device or the runtime, and a reply
+// written to a client that does not read its stream blocks in gRPC's flow
+// control: each holds its worker meanwhile (so one session can occupy as
+// many workers as it has busy streams on the device; no per-session share
+// is enforced yet).
+//
+// Thread safety: Schedule may be called from any thread, including a job.
+#ifndef FLAGOS_DAEMON_WORKER_POOL_H_
+#define FLAGOS_DAEMON_WORKER_POOL_H_
+
+#include <deque>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+
+namespace flagos::daemon {
+
+class WorkerPool {
+ public:
+  using Job = absl::AnyInvocable<void() &&>;
+
+  // Starts `workers` threads (at least 1). `name` appears in log lines
+  // ("flagos:0 workers").
+  WorkerPool(std::string name, int workers);
+  // Drops the jobs not yet started, waits for the running ones and joins
+  // the workers.
+  ~WorkerPool();
+
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // Runs `job` on a worker after the jobs scheduled before it have started.
+  // A job that throws is logged; the worker goes on. Dropped (destroyed
+  // unrun) once the pool is being destroyed.
+  void Schedule(Job job);
+
+  int workers() const { return static_cast<int>(threads_.size()); }
+  const std::string& name() const { return name_; }
+
+ private:
+  void Run();
+
+  const std::string name_;
+  absl::Mutex mu_;
+  std::deque<Job> ready_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;  // last: started when everything above exists
+};
+
+// The default workers per device: 2 x the host's cores, at least 4 and at
+// most 64 (a large host with many devices stays within a few hundred
+// threads). Workers mostly issue work and wait for the device, so more
+// than the cores pay.
+int DefaultWorkersPerDevice();
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_WORKER_POOL_H_
