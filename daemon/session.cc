@@ -455,14 +455,19 @@ absl::Status Session::ClearNewSegment(int device, DevicePtr ptr, uint64_t nbytes
 }
 
 void Session::ScheduleFree(uint64_t seq, int device, DevicePtr addr) {
+  // The memory is freed once the device has completed every earlier
+  // command on it (a kernel or copy still running may use it).
+  ScheduleRelease(device, [this, seq, device, addr] { ExecuteFree(seq, device, addr); });
+}
+
+void Session::ScheduleRelease(int device, std::function<void()> release) {
   {
     absl::MutexLock lock(&free_mu_);
     ++pending_frees_;
   }
-  // The memory is freed once the device has completed every earlier
-  // command on it (a kernel or copy still running may use it).
-  AfterQueuedWork(device, [this, seq, device, addr](absl::Status /*errors are the commands'*/) {
-    ExecuteFree(seq, device, addr);
+  AfterQueuedWork(device, [this, release = std::move(release)](
+                              absl::Status /*errors are the commands'*/) {
+    release();
     absl::MutexLock lock(&free_mu_);
     --pending_frees_;
   });
@@ -567,15 +572,7 @@ void Session::ImportMemory(const v1::Command& command) {
 }
 
 void Session::ScheduleReleaseImport(uint64_t seq, int device, DevicePtr addr) {
-  {
-    absl::MutexLock lock(&free_mu_);
-    ++pending_frees_;
-  }
-  AfterQueuedWork(device, [this, seq, device, addr](absl::Status /*errors are the commands'*/) {
-    ExecuteReleaseImport(seq, device, addr);
-    absl::MutexLock lock(&free_mu_);
-    --pending_frees_;
-  });
+  ScheduleRelease(device, [this, seq, device, addr] { ExecuteReleaseImport(seq, device, addr); });
 }
 
 void Session::ExecuteReleaseImport(uint64_t seq, int device, DevicePtr addr) {

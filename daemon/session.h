@@ -179,6 +179,10 @@ class Session {
   // that it waits for nothing else.
   absl::Status ClearNewSegment(int device, DevicePtr ptr, uint64_t nbytes);
   void ScheduleFree(uint64_t seq, int device, DevicePtr addr);
+  // Runs `release` (a free of device memory) once the device has completed
+  // every earlier command on it; allocate waits for it before it reports
+  // out-of-memory (pending_frees_).
+  void ScheduleRelease(int device, std::function<void()> release);
   void ExecuteFree(uint64_t seq, int device, DevicePtr addr);
   // Gives `segment`'s memory back to the backend (logging a failure).
   bool FreeMemory(const Segment& segment);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,16 @@ def my_session():
 
 def used(device=0):
     return torch_fl.daemon_stats()["devices"][device]["used_memory"]
+
+def wait_until_released(base_used, base_reserved):
+    # The daemon ends sessions and releases holds asynchronously: poll.
+    deadline = time.monotonic() + 20
+    while True:
+        torch.flagos.empty_cache()
+        if torch.flagos.memory_reserved() == base_reserved and used() == base_used:
+            return
+        assert time.monotonic() < deadline, (torch.flagos.memory_reserved(), used(), base_used)
+        time.sleep(0.1)
 
 def get(q, p, timeout=120):
     # q.get(), failing at once if the child `p` died without answering.
@@ -126,13 +137,7 @@ p.join(60)
 assert p.exitcode == 0
 del churn
 # The receiver released its hold: the block goes back, and the segment with it.
-deadline = time.monotonic() + 20
-while True:
-    torch.flagos.empty_cache()
-    if torch.flagos.memory_reserved() == base_reserved and used() == base_used:
-        break
-    assert time.monotonic() < deadline, (torch.flagos.memory_reserved(), used(), base_used)
-    time.sleep(0.1)
+wait_until_released(base_used, base_reserved)
 print("lifetime ok")
 """)
     assert "lifetime ok" in out
@@ -141,7 +146,7 @@ print("lifetime ok")
 def test_a_receiver_that_crashes_releases_its_share(run_python):
     out = run_scenario(run_python, """
 torch.flagos.empty_cache()
-base_used = used()
+base_used, base_reserved = used(), torch.flagos.memory_reserved()
 t = torch.ones(1 << 20, device="flagos")  # 4 MiB: a segment of its own
 inbox, outbox = ctx.Queue(), ctx.Queue()
 p = ctx.Process(target=w.die_holding, args=(inbox, outbox))
@@ -151,13 +156,7 @@ assert get(outbox, p) == float(1 << 20)
 p.join(60)
 assert p.exitcode == -9, p.exitcode
 del t
-deadline = time.monotonic() + 20
-while True:
-    torch.flagos.empty_cache()
-    if used() == base_used and torch.flagos.memory_reserved() == 0:
-        break
-    assert time.monotonic() < deadline, (used(), base_used, torch.flagos.memory_reserved())
-    time.sleep(0.1)
+wait_until_released(base_used, base_reserved)
 print("crash ok")
 """)
     assert "crash ok" in out
@@ -203,6 +202,18 @@ except RuntimeError as e:
 NOBODY = 65534
 
 
+def open_to_everyone(daemon) -> None:
+    """Lets another user reach the daemon's sockets (a test daemon's are
+    0600), once flagosd has set their modes itself (after "listening on")."""
+    deadline = time.monotonic() + 20
+    while "listening on" not in daemon.log():
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.05)
+    os.chmod(daemon.workdir, 0o755)
+    for sock in (daemon.socket, Path(f"{daemon.socket}.staging")):
+        os.chmod(sock, 0o666)
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root and setpriv (util-linux) to run a client as another user; "
                            "CI runs as root")
@@ -213,10 +224,7 @@ def test_a_process_of_another_user_is_refused_the_grant(run_python, start_daemon
     tool = HERE.parent.parent / "build" / "bin" / "flagos_import_grant"
     assert tool.exists(), f"{tool} is missing: run scripts/build"
     daemon = start_daemon()
-    # Let the other user reach the sockets (the test daemon's are 0600).
-    os.chmod(daemon.workdir, 0o755)
-    for sock in (daemon.socket, Path(f"{daemon.socket}.staging")):
-        os.chmod(sock, 0o666)
+    open_to_everyone(daemon)
     sender = PRELUDE + f"""
 import subprocess
 t = torch.ones(16, device="flagos")
@@ -246,9 +254,7 @@ def test_any_user_policy_lets_another_user_import(run_python, start_daemon):
                     "CI runs as root")
     tool = HERE.parent.parent / "build" / "bin" / "flagos_import_grant"
     daemon = start_daemon(extra_args=["--memory-sharing=any-user"])
-    os.chmod(daemon.workdir, 0o755)
-    for sock in (daemon.socket, Path(f"{daemon.socket}.staging")):
-        os.chmod(sock, 0o666)
+    open_to_everyone(daemon)
     proc = run_python(PRELUDE + f"""
 import subprocess
 t = torch.ones(16, device="flagos")
