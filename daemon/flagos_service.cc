@@ -27,12 +27,14 @@ std::string VersionRange(uint32_t min, uint32_t max) {
 
 FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
                              DeviceActivity* activity, Metrics* metrics, double start_time_unix,
-                             size_t max_pending_opens, absl::Duration open_deadline)
+                             size_t max_pending_opens, absl::Duration open_deadline,
+                             const OpLimits& op_limits)
     : backend_(*backend),
       registry_(*registry),
       activity_(*activity),
       metrics_(metrics),
       start_time_(start_time_unix),
+      op_limits_(op_limits),
       pending_opens_(max_pending_opens, open_deadline) {}
 
 grpc::Status FlagosService::Counted(grpc::Status status) const {
@@ -108,6 +110,8 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
   response->set_daemon_version(kDaemonVersion);
   response->set_torch_version(TorchVersion());
   response->set_start_time_unix(start_time_);
+  response->set_max_op_elements(op_limits_.max_elements);
+  response->set_max_op_host_memory_bytes(op_limits_.max_host_memory_bytes);
   return grpc::Status::OK;
 }
 
@@ -162,7 +166,7 @@ grpc::Status FlagosService::Session(
         *reply.add_completions() = std::move(completion);
         write(reply);
       },
-      &activity_, metrics_);
+      &activity_, metrics_, op_limits_);
   registry_.Attach(*id, session);
   LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '",
                        session->client(), "', torch ",

@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "device_activity.h"
 #include "metrics.h"
+#include "op_limits.h"
 #include "pending_opens.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "session_registry.h"
@@ -25,10 +26,11 @@ class FlagosService final : public v1::Flagos::Service {
   // All must outlive the service; `metrics` may be null (metrics off).
   // `start_time_unix`: when the daemon started (GetStats reports it).
   // At most `max_pending_opens` streams wait for their `open` at once, each
-  // for at most `open_deadline` (PendingOpens).
+  // for at most `open_deadline` (PendingOpens). Every session's ops are
+  // bounded by `op_limits`, which GetStats reports.
   FlagosService(const Backend* backend, SessionRegistry* registry, DeviceActivity* activity,
                 Metrics* metrics, double start_time_unix, size_t max_pending_opens,
-                absl::Duration open_deadline);
+                absl::Duration open_deadline, const OpLimits& op_limits);
 
   // The staging socket offered to sessions opened over a unix socket (empty:
   // none). Call before the server starts.
@@ -60,6 +62,7 @@ class FlagosService final : public v1::Flagos::Service {
   DeviceActivity& activity_;
   Metrics* const metrics_;
   const double start_time_;  // seconds since the epoch
+  const OpLimits op_limits_;
   std::string staging_socket_;
   PendingOpens pending_opens_;
 };

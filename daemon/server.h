@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "backend.h"
 #include "listen_endpoint.h"
+#include "op_limits.h"
 #include "pending_opens.h"
 
 namespace grpc {
@@ -50,6 +51,12 @@ struct ServerOptions {
   // that cannot be listened on is logged and metrics are off; when true,
   // Start fails.
   bool metrics_listen_required = true;
+  // Per-op bounds (op_limits.h): the tensor elements one call may name
+  // (--max-op-elements) and the host memory its kernel may hold
+  // (--max-op-host-memory). 0: the default from device 0's memory
+  // (DefaultOpLimits).
+  uint64_t max_op_elements = 0;
+  uint64_t max_op_host_memory_bytes = 0;
   // Tests only: device health probes started this long after start block
   // (HealthCheck's wedge_after).
   absl::Duration test_wedge_health_probes_after = absl::InfiniteDuration();
@@ -76,6 +83,8 @@ class Server {
   std::string metrics_url() const;
   // Null when metrics are off.
   Metrics* metrics() const { return metrics_.get(); }
+  // The per-op bounds in force (defaults resolved).
+  const OpLimits& op_limits() const { return op_limits_; }
   // Live sessions.
   size_t session_count() const;
   // Streams waiting for their `open`.
@@ -104,6 +113,7 @@ class Server {
   std::unique_ptr<HealthCheck> health_;
   std::vector<ListenEndpoint> listen_;
   std::vector<std::string> endpoints_;
+  OpLimits op_limits_;
   bool waited_ = false;
 };
 

@@ -66,7 +66,7 @@ std::string Capped(const std::string& text, size_t limit) {
 }  // namespace
 
 Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
-                 DeviceActivity* activity, Metrics* metrics)
+                 DeviceActivity* activity, Metrics* metrics, const OpLimits& op_limits)
     : id_(id),
       pid_(open.pid()),
       client_(Capped(open.client(), kMaxClientNameBytes)),
@@ -76,7 +76,7 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
       activity_(activity),
       metrics_(metrics),
       reply_(std::move(reply)),
-      ops_(OpRunner::Create(backend)),
+      ops_(OpRunner::Create(backend, op_limits)),
       staging_token_(NewToken()) {}
 
 Session::~Session() { Close(); }

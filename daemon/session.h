@@ -82,9 +82,11 @@ class Session {
   };
 
   // `backend` must outlive the session, and so must `activity` and
-  // `metrics` (each may be null: no busy time / no metrics counted).
+  // `metrics` (each may be null: no busy time / no metrics counted). Its
+  // ops are bounded by `op_limits` (op_limits.h).
   Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
-          DeviceActivity* activity = nullptr, Metrics* metrics = nullptr);
+          DeviceActivity* activity = nullptr, Metrics* metrics = nullptr,
+          const OpLimits& op_limits = OpLimits());
   // Close().
   ~Session();
 
