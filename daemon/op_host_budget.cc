@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstdint>
 #include <utility>
 
 namespace flagos::daemon {
@@ -29,20 +30,33 @@ thread_local OpHostBudget* current_budget = nullptr;
 // Above c10's own CPU allocators (priority 0), so that it stays installed.
 constexpr uint8_t kAllocatorPriority = 100;
 
-// A charged allocation: the wrapped allocator's DataPtr and whom to
-// uncharge when it is freed.
-struct ChargedAllocation {
-  c10::DataPtr memory;
-  OpHostBudget::Account* account;
+// Every allocation of the allocator starts with this header, kHeaderBytes
+// before the data (which keeps the wrapped allocator's alignment): the
+// wrapped allocator's pointer and deleter, and whom to uncharge. The data
+// pointer is also the DataPtr's context, so ATen's raw interface
+// (raw_allocate / raw_deallocate, which oneDNN's scratch space uses) works
+// under a budget and outside one alike.
+struct Header {
+  void* wrapped_context;
+  c10::DeleterFnPtr wrapped_deleter;
+  OpHostBudget::Account* account;  // nullptr: not charged
   uint64_t nbytes;
 };
+constexpr size_t kHeaderBytes = 64;  // c10's CPU alignment (gAlignment)
+static_assert(sizeof(Header) <= kHeaderBytes);
 
-void FreeCharged(void* context) {
-  auto* allocation = static_cast<ChargedAllocation*>(context);
-  OpHostBudget::Account* account = allocation->account;
-  account->charged.fetch_sub(allocation->nbytes, std::memory_order_relaxed);
-  delete allocation;  // frees the memory through the wrapped allocator
-  account->Unref();
+Header* HeaderOf(void* data) {
+  return reinterpret_cast<Header*>(static_cast<char*>(data) - kHeaderBytes);
+}
+
+void Free(void* data) {
+  if (data == nullptr) return;
+  const Header header = *HeaderOf(data);
+  if (header.wrapped_deleter != nullptr) header.wrapped_deleter(header.wrapped_context);
+  if (header.account != nullptr) {
+    header.account->charged.fetch_sub(header.nbytes, std::memory_order_relaxed);
+    header.account->Unref();
+  }
 }
 
 // c10's CPU allocator while flagosd runs: the one it replaced, charging
@@ -52,38 +66,41 @@ class BudgetingCpuAllocator final : public c10::Allocator {
   explicit BudgetingCpuAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
-    OpHostBudget* budget = current_budget;
-    if (budget == nullptr || nbytes == 0) return wrapped_->allocate(nbytes);
-    OpHostBudget::Account* account = budget->account();
-    const uint64_t limit = budget->limit_bytes();
-    const uint64_t charged = account->charged.load(std::memory_order_relaxed);
-    if (nbytes > limit || charged > limit - nbytes) {
-      budget->RecordRefusal(nbytes, charged);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "flagosd: the kernel asked for ", nbytes,
-                       " bytes of host memory while holding ", charged,
-                       "; an op's kernel may hold at most ", limit,
-                       " bytes (--max-op-host-memory)");
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (nbytes == 0) return c10::DataPtr(nullptr, nullptr, &Free, cpu);
+    OpHostBudget::Account* account = nullptr;
+    if (OpHostBudget* budget = current_budget) {
+      account = budget->account();
+      const uint64_t limit = budget->limit_bytes();
+      const uint64_t charged = account->charged.load(std::memory_order_relaxed);
+      if (nbytes > limit || charged > limit - nbytes) {
+        budget->RecordRefusal(nbytes, charged);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "flagosd: the kernel asked for ", nbytes,
+                         " bytes of host memory while holding ", charged,
+                         "; an op's kernel may hold at most ", limit,
+                         " bytes (--max-op-host-memory)");
+      }
+      account->charged.fetch_add(nbytes, std::memory_order_relaxed);
     }
-    account->charged.fetch_add(nbytes, std::memory_order_relaxed);
     c10::DataPtr memory;
     try {
-      memory = wrapped_->allocate(nbytes);
+      TORCH_CHECK_WITH(OutOfMemoryError, nbytes <= SIZE_MAX - kHeaderBytes,
+                       "flagosd: an allocation of ", nbytes, " bytes does not fit the host");
+      memory = wrapped_->allocate(nbytes + kHeaderBytes);
     } catch (...) {
-      account->charged.fetch_sub(nbytes, std::memory_order_relaxed);
+      if (account != nullptr) account->charged.fetch_sub(nbytes, std::memory_order_relaxed);
       throw;
     }
-    void* data = memory.get();
-    const c10::Device device = memory.device();
-    account->references.fetch_add(1, std::memory_order_relaxed);
-    auto* allocation = new ChargedAllocation{std::move(memory), account, nbytes};
-    return c10::DataPtr(data, allocation, &FreeCharged, device);
+    char* base = static_cast<char*>(memory.get());
+    const c10::DeleterFnPtr wrapped_deleter = memory.get_deleter();
+    void* wrapped_context = memory.release_context();
+    if (account != nullptr) account->references.fetch_add(1, std::memory_order_relaxed);
+    *reinterpret_cast<Header*>(base) = Header{wrapped_context, wrapped_deleter, account, nbytes};
+    void* data = base + kHeaderBytes;
+    return c10::DataPtr(data, data, &Free, cpu);
   }
 
-  // Uncharged allocations are the wrapped allocator's own, so its raw
-  // interface stays usable outside a budget. (Under a budget
-  // raw_allocate's check that context and data agree fails: an error, not
-  // a leak.)
-  c10::DeleterFnPtr raw_deleter() const override { return wrapped_->raw_deleter(); }
+  c10::DeleterFnPtr raw_deleter() const override { return &Free; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     wrapped_->copy_data(dest, src, count);

@@ -16,7 +16,11 @@
 // (ATen's intra-op worker threads), and memory not allocated through the
 // CPU allocator (malloc in a vendor library). Zero fill
 // (caffe2_cpu_allocator_do_zero_fill) is the wrapped allocator's, so fresh
-// memory is cleared as before.
+// memory is cleared as before. Every allocation, charged or not, carries a
+// 64-byte header before its data (whom to uncharge, how to free it), so
+// that its data pointer is its context and ATen's raw interface
+// (raw_allocate / raw_deallocate: oneDNN's scratch space) works under a
+// budget too.
 //
 // This header does not include c10; op_host_budget.cc does.
 //

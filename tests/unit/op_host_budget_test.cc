@@ -88,6 +88,25 @@ TEST_F(OpHostBudgetTest, MemoryMayOutliveItsBudgetAndBeFreedOnAnotherThread) {
   std::thread([moved = std::move(kept)]() mutable { moved.reset(); }).join();
 }
 
+// oneDNN takes its scratch space through raw_allocate, which needs the
+// data pointer to be the context.
+TEST_F(OpHostBudgetTest, TheRawInterfaceWorksUnderABudgetAndOutside) {
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  void* outside = allocator->raw_allocate(1000);
+  {
+    OpHostBudget budget(1 << 20);
+    void* inside = allocator->raw_allocate(3000);
+    EXPECT_EQ(budget.charged_bytes(), 3000u);
+    std::memset(inside, 1, 3000);
+    allocator->raw_deallocate(inside);
+    EXPECT_EQ(budget.charged_bytes(), 0u);
+    allocator->raw_deallocate(outside);
+    EXPECT_EQ(budget.charged_bytes(), 0u);
+  }
+  at::DataPtr empty = allocator->allocate(0);
+  EXPECT_EQ(empty.get(), nullptr);
+}
+
 TEST_F(OpHostBudgetTest, FreshChargedMemoryIsZeroFilled) {
   FLAGS_caffe2_cpu_allocator_do_zero_fill = true;
   OpHostBudget budget(1 << 20);
