@@ -121,6 +121,14 @@ bool InstallOpHostBudgetAllocator() {
   return c10::GetCPUAllocator() == allocator;
 }
 
+namespace {
+// Installed before main(), as c10 registers its own CPU allocator: what the
+// raw interface hands out must go back to the allocator that made it, so
+// none may come from the replaced allocator before any op ran and be freed
+// through this one (oneDNN keeps scratch space across calls).
+[[maybe_unused]] const bool installed_at_start = InstallOpHostBudgetAllocator();
+}  // namespace
+
 OpHostBudget::OpHostBudget(uint64_t limit_bytes)
     : limit_(limit_bytes), previous_(current_budget) {
   current_budget = this;

@@ -1,6 +1,7 @@
 // The host memory an op's kernel may take (--max-op-host-memory).
 //
-// flagosd installs, once, a c10 CPU allocator that wraps the one ATen had
+// flagosd installs, once and before main() (a static registration, as c10
+// registers its own), a c10 CPU allocator that wraps the one ATen had
 // (InstallOpHostBudgetAllocator). While an OpHostBudget is alive on a
 // thread, every allocation that thread makes through the CPU allocator
 // (ATen's host tensors: a kernel's results, temporaries, contiguous copies)
@@ -35,9 +36,9 @@
 
 namespace flagos::daemon {
 
-// Makes the budgeting allocator c10's CPU allocator (the first call; later
-// calls do nothing). False if another allocator of higher priority is
-// installed, so that budgets are not enforced.
+// Makes the budgeting allocator c10's CPU allocator (the first call, made
+// before main(); later calls do nothing). False if another allocator of
+// higher priority is installed, so that budgets are not enforced.
 bool InstallOpHostBudgetAllocator();
 
 class OpHostBudget {
