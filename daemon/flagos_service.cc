@@ -28,7 +28,7 @@ std::string VersionRange(uint32_t min, uint32_t max) {
 FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
                              std::vector<WorkerPool*> pools, DeviceActivity* activity, Metrics* metrics, double start_time_unix,
                              size_t max_pending_opens, absl::Duration open_deadline,
-                             MemoryGrants* grants)
+                             const OpLimits& op_limits, MemoryGrants* grants)
     : backend_(*backend),
       registry_(*registry),
       grants_(grants),
@@ -36,6 +36,7 @@ FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
       activity_(*activity),
       metrics_(metrics),
       start_time_(start_time_unix),
+      op_limits_(op_limits),
       pending_opens_(max_pending_opens, open_deadline) {}
 
 grpc::Status FlagosService::Counted(grpc::Status status) const {
@@ -112,6 +113,8 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
   response->set_daemon_version(kDaemonVersion);
   response->set_torch_version(TorchVersion());
   response->set_start_time_unix(start_time_);
+  response->set_max_op_elements(op_limits_.max_elements);
+  response->set_max_op_host_memory_bytes(op_limits_.max_host_memory_bytes);
   return grpc::Status::OK;
 }
 
@@ -166,7 +169,7 @@ grpc::Status FlagosService::Session(
         *reply.add_completions() = std::move(completion);
         write(reply);
       },
-      pools_, &activity_, metrics_, grants_);
+      pools_, &activity_, metrics_, op_limits_, grants_);
   registry_.Attach(*id, session);
   LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '",
                        session->client(), "', torch ",

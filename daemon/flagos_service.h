@@ -12,6 +12,7 @@
 #include "device_activity.h"
 #include "memory_grants.h"
 #include "metrics.h"
+#include "op_limits.h"
 #include "pending_opens.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "session_registry.h"
@@ -29,12 +30,14 @@ class FlagosService final : public v1::Flagos::Service {
   // `pools`: one per device, where sessions' stream queues run.
   // `start_time_unix`: when the daemon started (GetStats reports it).
   // At most `max_pending_opens` streams wait for their `open` at once, each
-  // for at most `open_deadline` (PendingOpens).
-  // Sessions share memory through `grants` (null: they share none).
+  // for at most `open_deadline` (PendingOpens). Every session's ops are
+  // bounded by `op_limits`, which GetStats reports. Sessions share memory
+  // through `grants` (null: they share none).
   FlagosService(const Backend* backend, SessionRegistry* registry,
                 std::vector<WorkerPool*> pools, DeviceActivity* activity,
                 Metrics* metrics, double start_time_unix, size_t max_pending_opens,
-                absl::Duration open_deadline, MemoryGrants* grants = nullptr);
+                absl::Duration open_deadline, const OpLimits& op_limits,
+                MemoryGrants* grants = nullptr);
 
   // The staging socket offered to sessions opened over a unix socket (empty:
   // none). Call before the server starts.
@@ -69,6 +72,7 @@ class FlagosService final : public v1::Flagos::Service {
   DeviceActivity& activity_;
   Metrics* const metrics_;
   const double start_time_;  // seconds since the epoch
+  const OpLimits op_limits_;
   std::string staging_socket_;
   PendingOpens pending_opens_;
 };

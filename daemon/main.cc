@@ -69,6 +69,18 @@ ABSL_FLAG(std::string, metrics_listen, flagos::daemon::kDefaultMetricsListen,
 ABSL_FLAG(absl::Duration, test_wedge_health_probes_after, absl::InfiniteDuration(),
           "Testing only: device health probes started this long after start never finish, "
           "as on a wedged device queue, so the systemd watchdog stops being fed.");
+ABSL_FLAG(uint64_t, max_op_elements, 0,
+          "Most tensor elements one operator call may name, summed over every tensor it names "
+          "(arguments, list elements, outputs); a call naming more is refused with "
+          "RESOURCE_EXHAUSTED before it runs. It bounds the work a view with stride 0 over a "
+          "few bytes can ask for. 0 (the default): max(2^32, 4 x the device memory in bytes), "
+          "which a program of dense tensors cannot reach (docs/reference/errors.md).");
+ABSL_FLAG(flagos::daemon::ByteSize, max_op_host_memory, flagos::daemon::ByteSize{0},
+          "Most host memory an operator's kernel may hold while it runs (its results and "
+          "temporaries, allocated through ATen's CPU allocator: the cpu backend and the "
+          "cpu_fallback route); an allocation beyond it fails the call with "
+          "RESOURCE_EXHAUSTED. Bytes, or a number with suffix K, KiB, M, MiB, G, GiB, T or TiB, "
+          "as --device-memory. 0 (the default): max(1GiB, the device memory).");
 ABSL_FLAG(int, max_sessions, 256,
           "Most client sessions served at once; further sessions are refused with "
           "RESOURCE_EXHAUSTED.");
@@ -95,6 +107,7 @@ constexpr char kUsage[] =
     "Usage: flagosd [--listen=unix:///run/flagosd/flagosd.sock] [--backend=auto]\n"
     "               [--cpu-devices=2] [--device-memory=8GiB] [--max-sessions=256]\n"
     "               [--metrics-listen=127.0.0.1:9400] [--workers-per-device=0]\n"
+    "               [--max-op-elements=N] [--max-op-host-memory=8GiB]\n"
     "Flag names may be written with dashes or underscores (--cpu-devices, --cpu_devices).\n\n"
     "flagosd prints one line on stdout when it is ready:\n"
     "  flagosd 0.1.0 listening on unix:///run/flagosd/flagosd.sock (backend cpu, 2 devices x "
@@ -232,6 +245,8 @@ int Run(int argc, char** argv) {
   if (!sharing.ok()) return Fail(sharing.status().message());
   server_options.memory_sharing = *sharing;
   server_options.workers_per_device = absl::GetFlag(FLAGS_workers_per_device);
+  server_options.max_op_elements = absl::GetFlag(FLAGS_max_op_elements);
+  server_options.max_op_host_memory_bytes = absl::GetFlag(FLAGS_max_op_host_memory).bytes;
   server_options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   // An address asked for must be served; the default one may be taken (by
   // the node's system flagosd, when this is a private one): then a warning.
@@ -260,6 +275,11 @@ int Run(int argc, char** argv) {
   std::printf("%s\n", ready.c_str());
   std::fflush(stdout);
   LogInfo(absl::StrCat(ready, "; torch ", TorchVersion()));
+  const OpLimits& op_limits = (*server)->op_limits();
+  LogInfo(absl::StrCat("per-op limits: ", op_limits.max_elements,
+                       " tensor elements per call (--max-op-elements), ",
+                       FormatByteSize(op_limits.max_host_memory_bytes),
+                       " of host memory per kernel (--max-op-host-memory)"));
   // systemd Type=notify: ready once the devices are up and the sockets
   // listen (a no-op when not started by systemd).
   sd_notify(0, absl::StrCat("READY=1\nSTATUS=", ready).c_str());

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -29,9 +30,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "backend.h"
+#include "byte_size.h"
 #include "command_validation.h"
 #include "flagos/op_executor.h"
 #include "host_mirror.h"
+#include "logging.h"
+#include "op_host_budget.h"
+#include "op_limits.h"
 #include "op_routes.h"
 #include "op_schema_match.h"
 
@@ -391,14 +396,16 @@ class CallContext {
  public:
   // `mirror`: the call's host copies on the cpu_fallback route; nullptr on
   // the native route.
+  // `max_host_memory_bytes`: what each kernel call may hold (OpHostBudget).
   CallContext(const Backend& backend, int device, StreamHandle stream, const std::string& op_name,
-              OpRunner::RangeCheck check, HostMirror* mirror)
+              OpRunner::RangeCheck check, HostMirror* mirror, uint64_t max_host_memory_bytes)
       : backend_(backend),
         device_(device),
         stream_(stream),
         op_name_(op_name),
         check_(check),
-        mirror_(mirror) {}
+        mirror_(mirror),
+        max_host_memory_bytes_(max_host_memory_bytes) {}
 
   // Tensor returns are kept in `held` (reported as Value.held) instead of
   // being sent by value.
@@ -416,10 +423,17 @@ class CallContext {
     return backend_.native_executor()->AtenDevice(device);
   }
 
-  // Runs `op` on the route's kernels.
+  // Runs `op` on the route's kernels, charging the host memory they
+  // allocate on this thread to a budget of --max-op-host-memory.
   absl::Status CallKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    if (mirror_ != nullptr) return backend_.host_executor().Call(device_, stream_, op, stack);
-    return backend_.native_executor()->Call(device_, stream_, op, stack);
+    OpHostBudget budget(max_host_memory_bytes_);
+    absl::Status status =
+        mirror_ != nullptr ? backend_.host_executor().Call(device_, stream_, op, stack)
+                           : backend_.native_executor()->Call(device_, stream_, op, stack);
+    // However the kernel reported the refusal (kernels may catch and
+    // rethrow it as another error), it is the budget's.
+    if (!status.ok() && budget.refused()) return HostMemoryExhausted(budget);
+    return status;
   }
 
   // cpu_fallback: adds the device memory `value` names (tensors, lists of
@@ -886,12 +900,22 @@ class CallContext {
                                                  " cannot be sent back by flagosd yet"));
   }
 
+  absl::Status HostMemoryExhausted(const OpHostBudget& budget) const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        op_name_, ": its kernel asked for ", budget.refused_bytes(), " bytes of host memory while "
+        "holding ", budget.charged_when_refused(), "; an op's kernel may hold at most ",
+        budget.limit_bytes(), " bytes (--max-op-host-memory=", FormatByteSize(budget.limit_bytes()),
+        "); split the work into smaller calls, or start flagosd with a larger "
+        "--max-op-host-memory"));
+  }
+
   const Backend& backend_;
   const int device_;
   const StreamHandle stream_;
   const std::string& op_name_;
   OpRunner::RangeCheck check_;
   HostMirror* const mirror_;
+  const uint64_t max_host_memory_bytes_;
   HeldResults* held_ = nullptr;
   bool writing_ = false;
 };
@@ -1010,7 +1034,8 @@ class StackLease {
 
 class OpRunnerImpl final : public OpRunner {
  public:
-  explicit OpRunnerImpl(const Backend& backend) : backend_(backend) {
+  OpRunnerImpl(const Backend& backend, const OpLimits& limits)
+      : backend_(backend), limits_(limits) {
     for (auto& slot : dense_) slot.store(nullptr, std::memory_order_relaxed);
   }
 
@@ -1157,6 +1182,11 @@ class OpRunnerImpl final : public OpRunner {
                                                      " arguments but the command sends ",
                                                      call.args_size()));
     }
+    // Before anything is decoded or copied: the call's work is bounded.
+    if (const OpCallElements elements = CountOpCallElements(call);
+        elements.total > limits_.max_elements) {
+      return TooManyElements(op_name, arguments, elements);
+    }
     // cpu_fallback: the device memory the call names is copied to the host
     // first (and written back at the end).
     std::optional<HostMirror> mirror;
@@ -1164,7 +1194,7 @@ class OpRunnerImpl final : public OpRunner {
       mirror.emplace(backend_.runtime(), device, stream);
     }
     CallContext context(backend_, device, stream, op_name, check,
-                        mirror.has_value() ? &*mirror : nullptr);
+                        mirror.has_value() ? &*mirror : nullptr, limits_.max_host_memory_bytes);
     if (call.want_values() && call.hold_results()) context.set_held_results(&held_);
     if (mirror.has_value()) {
       for (int i = 0; i < call.args_size() && i < static_cast<int>(arguments.size()); ++i) {
@@ -1286,6 +1316,31 @@ class OpRunnerImpl final : public OpRunner {
     return WriteBack(op_name, mirror);
   }
 
+  // RESOURCE_EXHAUSTED for a call naming more elements than
+  // --max-op-elements, naming its largest tensor.
+  absl::Status TooManyElements(const std::string& op_name,
+                               const std::vector<c10::Argument>& arguments,
+                               const OpCallElements& elements) const {
+    std::string where;
+    if (elements.output) {
+      where = Where::Output(elements.index).str();
+    } else if (static_cast<size_t>(elements.index) < arguments.size()) {
+      where = Where::Argument(arguments[elements.index].name(), elements.index).str();
+    } else {
+      where = absl::StrCat("argument #", elements.index);
+    }
+    if (elements.element >= 0) absl::StrAppend(&where, " element ", elements.element);
+    const std::string total = elements.total == std::numeric_limits<uint64_t>::max()
+                                  ? std::string("more than 2^64")
+                                  : absl::StrCat(elements.total);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        op_name, ": the call names ", total, " tensor elements, more than the ",
+        limits_.max_elements, " an op may process (--max-op-elements); the largest is ", where,
+        " with ", elements.largest, " elements (sizes [",
+        absl::StrJoin(*elements.largest_sizes, ", "), "]); split the work into smaller calls, or "
+        "start flagosd with a larger --max-op-elements"));
+  }
+
   // Whether every output still is the tensor the client described (sizes,
   // strides, memory, no lazy conj/neg bit: linalg_lu_solve.out may set the
   // conj bit of its out tensor instead of conjugating) after an out= kernel
@@ -1364,6 +1419,7 @@ class OpRunnerImpl final : public OpRunner {
   }
 
   const Backend& backend_;
+  const OpLimits limits_;
   HeldResults held_;
   absl::Mutex mu_;
   // Entries are never removed: pointers to them stay valid.
@@ -1391,13 +1447,23 @@ std::string ListServedOps() {
   return absl::StrCat(absl::StrJoin(lines, "\n"), "\n");
 }
 
-std::unique_ptr<OpRunner> OpRunner::Create(const Backend& backend) {
+std::unique_ptr<OpRunner> OpRunner::Create(const Backend& backend, const OpLimits& limits) {
   // Every host buffer ATen hands a kernel (results, out= scratch, the
   // cpu_fallback route's copies) starts as zeroes: the daemon's heap holds
   // other sessions' bytes, and a kernel may leave part of its output unwritten
-  // (aten::empty writes none of it).
+  // (aten::empty writes none of it). The budgeting allocator below wraps
+  // ATen's, which does the clearing.
   FLAGS_caffe2_cpu_allocator_do_zero_fill = true;
-  return std::make_unique<OpRunnerImpl>(backend);
+  static const bool installed = [] {
+    const bool ok = InstallOpHostBudgetAllocator();
+    if (!ok) {
+      LogWarning("another CPU allocator of higher priority is installed in c10: the host memory "
+                 "of op kernels is not bounded (--max-op-host-memory has no effect)");
+    }
+    return ok;
+  }();
+  (void)installed;
+  return std::make_unique<OpRunnerImpl>(backend, limits);
 }
 
 }  // namespace flagos::daemon

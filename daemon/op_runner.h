@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "backend.h"
 #include "flagos/v1/flagos.pb.h"
+#include "op_limits.h"
 
 namespace flagos::daemon {
 
@@ -60,7 +61,12 @@ class OpRunner {
   // otherwise the error to report.
   using RangeCheck = absl::FunctionRef<absl::Status(int device, uint64_t addr, uint64_t nbytes)>;
 
-  static std::unique_ptr<OpRunner> Create(const Backend& backend);
+  // Calls are bounded by `limits` (op_limits.h): a call naming more tensor
+  // elements than limits.max_elements, or whose kernel asks for more host
+  // memory than limits.max_host_memory_bytes (op_host_budget.h), fails
+  // with RESOURCE_EXHAUSTED naming the op, what it asked, the limit and
+  // the flag that raises it.
+  static std::unique_ptr<OpRunner> Create(const Backend& backend, const OpLimits& limits);
   virtual ~OpRunner() = default;
 
   // Resolves aten op `name`.`overload` and records it under `op_id`, with

@@ -74,11 +74,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       server->metrics_.reset();
     }
   }
+  uint64_t device_memory = 0;
+  if (absl::StatusOr<DeviceProperties> properties = backend->runtime().GetDeviceProperties(0);
+      properties.ok()) {
+    device_memory = properties->total_memory;
+  }
+  server->op_limits_ = DefaultOpLimits(device_memory);
+  if (options.max_op_elements != 0) server->op_limits_.max_elements = options.max_op_elements;
+  if (options.max_op_host_memory_bytes != 0) {
+    server->op_limits_.max_host_memory_bytes = options.max_op_host_memory_bytes;
+  }
   server->service_ = std::make_unique<FlagosService>(backend, server->registry_.get(),
                                                      std::move(pools), server->activity_.get(),
                                                      server->metrics_.get(), start_time,
                                                      options.max_pending_opens,
-                                                     options.open_deadline,
+                                                     options.open_deadline, server->op_limits_,
                                                      server->grants_.get());
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;

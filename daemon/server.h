@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "listen_endpoint.h"
 #include "memory_grants.h"
+#include "op_limits.h"
 #include "pending_opens.h"
 
 namespace grpc {
@@ -60,6 +61,12 @@ struct ServerOptions {
   // that cannot be listened on is logged and metrics are off; when true,
   // Start fails.
   bool metrics_listen_required = true;
+  // Per-op bounds (op_limits.h): the tensor elements one call may name
+  // (--max-op-elements) and the host memory its kernel may hold
+  // (--max-op-host-memory). 0: the default from device 0's memory
+  // (DefaultOpLimits).
+  uint64_t max_op_elements = 0;
+  uint64_t max_op_host_memory_bytes = 0;
   // Tests only: device health probes started this long after start block
   // (HealthCheck's wedge_after).
   absl::Duration test_wedge_health_probes_after = absl::InfiniteDuration();
@@ -88,6 +95,8 @@ class Server {
   Metrics* metrics() const { return metrics_.get(); }
   // Workers in each device's pool.
   int workers_per_device() const;
+  // The per-op bounds in force (defaults resolved).
+  const OpLimits& op_limits() const { return op_limits_; }
   // Live sessions.
   size_t session_count() const;
   // Streams waiting for their `open`.
@@ -121,6 +130,7 @@ class Server {
   std::unique_ptr<HealthCheck> health_;
   std::vector<ListenEndpoint> listen_;
   std::vector<std::string> endpoints_;
+  OpLimits op_limits_;
   bool waited_ = false;
 };
 

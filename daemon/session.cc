@@ -68,7 +68,7 @@ std::string Capped(const std::string& text, size_t limit) {
 
 Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
                  std::vector<WorkerPool*> pools, DeviceActivity* activity, Metrics* metrics,
-                 MemoryGrants* grants)
+                 const OpLimits& op_limits, MemoryGrants* grants)
     : id_(id),
       pid_(open.pid()),
       client_(Capped(open.client(), kMaxClientNameBytes)),
@@ -80,7 +80,7 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
       grants_(grants),
       reply_(std::move(reply)),
       pools_(std::move(pools)),
-      ops_(OpRunner::Create(backend)),
+      ops_(OpRunner::Create(backend, op_limits)),
       staging_token_(NewToken()) {}
 
 Session::~Session() { Close(); }

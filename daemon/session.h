@@ -97,10 +97,12 @@ class Session {
   // `backend` must outlive the session, and so must `pools` (one per
   // device of the backend, indexed by device: where the session's queues
   // run), `activity`, `metrics` and `grants` (each may be null: no busy
-  // time / no metrics counted / no memory shared with other sessions).
+  // time / no metrics counted / no memory shared with other sessions). Its
+  // ops are bounded by `op_limits` (op_limits.h).
   Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
           std::vector<WorkerPool*> pools, DeviceActivity* activity = nullptr,
-          Metrics* metrics = nullptr, MemoryGrants* grants = nullptr);
+          Metrics* metrics = nullptr, const OpLimits& op_limits = OpLimits(),
+          MemoryGrants* grants = nullptr);
   // Close().
   ~Session();
 

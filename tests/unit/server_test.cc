@@ -13,13 +13,17 @@
 #include <iostream>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "cpu_kernel_facts.h"
@@ -246,29 +250,42 @@ class ServerTest : public ::testing::Test {
     dir_ = pattern;
     endpoint_ = absl::StrCat("unix://", dir_, "/flagosd.sock");
 
+    Restart(DefaultBackendOptions(), DefaultServerOptions());
+  }
+
+  void TearDown() override {
+    Stop();
+    std::filesystem::remove_all(dir_);
+  }
+
+  BackendOptions DefaultBackendOptions() const {
     BackendOptions backend_options;
     backend_options.name = "cpu";
     backend_options.cpu_devices = 2;
     backend_options.device_memory = kDeviceMemory;
-    absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(backend_options);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    backend_ = *std::move(backend);
-
-    StartServer(MemoryGrants::Policy::kSameUser);
+    return backend_options;
   }
 
-  // (Re)starts the server on endpoint_ and connects the stub to it.
-  void StartServer(MemoryGrants::Policy memory_sharing) {
-    stub_.reset();
-    channel_.reset();
-    server_.reset();
+  // The fixture's options, with Configure's changes.
+  ServerOptions DefaultServerOptions() {
     ServerOptions server_options;
     server_options.listen = {endpoint_};
     server_options.max_sessions = 4;
     server_options.max_pending_opens = 3;
     server_options.open_deadline = absl::Seconds(2);
-    server_options.memory_sharing = memory_sharing;
     Configure(&server_options);
+    return server_options;
+  }
+
+  // A fixture's changes to the server's options.
+  virtual void Configure(ServerOptions* /*options*/) {}
+
+  // Serves anew, at the same endpoint, with these options.
+  void Restart(const BackendOptions& backend_options, const ServerOptions& server_options) {
+    Stop();
+    absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(backend_options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -279,15 +296,18 @@ class ServerTest : public ::testing::Test {
     stub_ = v1::Flagos::NewStub(channel_);
   }
 
-  // A fixture's changes to the server's options.
-  virtual void Configure(ServerOptions* /*options*/) {}
+  // Serves anew with the default options but this sharing policy.
+  void StartServer(MemoryGrants::Policy memory_sharing) {
+    ServerOptions server_options = DefaultServerOptions();
+    server_options.memory_sharing = memory_sharing;
+    Restart(DefaultBackendOptions(), server_options);
+  }
 
-  void TearDown() override {
+  void Stop() {
     stub_.reset();
     channel_.reset();
     server_.reset();
     backend_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   v1::GetStatsResponse Stats() {
@@ -1560,6 +1580,205 @@ TEST_F(ServerTest, EndOfSessionDestroysItsEvents) {
           << "device " << device << " event " << h;
     }
   }
+}
+
+// ---------------------------------------------------------------- per-op bounds
+
+constexpr int kDouble = 7;  // c10::ScalarType::Double
+
+// A 1-d view of `numel` elements with stride 0: every element is the one
+// at `addr`, so a few bytes of a segment name any number of elements.
+v1::TensorRef StrideZeroRef(uint64_t addr, int64_t numel, int dtype = kFloat) {
+  v1::TensorRef ref;
+  ref.set_addr(addr);
+  ref.set_dtype(dtype);
+  ref.add_sizes(numel);
+  ref.add_strides(0);
+  return ref;
+}
+
+// The bytes this process's pages take (VmRSS), from /proc.
+uint64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "VmRSS:")) {
+      uint64_t kib = 0;
+      EXPECT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(
+                                       absl::StripSuffix(line.substr(6), "kB")),
+                                   &kib))
+          << line;
+      return kib << 10;
+    }
+  }
+  ADD_FAILURE() << "no VmRSS in /proc/self/status";
+  return 0;
+}
+
+// What one float32 host tensor value of a completion holds.
+float OnlyFloat(const v1::Completion& completion) {
+  EXPECT_EQ(completion.code(), 0) << completion.message();
+  if (completion.values_size() != 1) return -1;
+  std::vector<float> values = Floats(completion.values(0).host_tensor().data());
+  return values.size() == 1 ? values[0] : -1;
+}
+
+// The session computes the norm of [3, 4] right: it is served on.
+void ExpectNormServed(RawSession& session, uint32_t norm_op) {
+  const uint64_t addr = session.AllocateOk(8);
+  session.Send({CopyTo(addr, FloatBytes({3, 4}))});
+  EXPECT_EQ(OnlyFloat(session.Call(Op(norm_op, {TensorValue(Ref(addr, {2}))}, {}, true))), 5.0f);
+}
+
+TEST_F(ServerTest, DefaultOpLimitsFollowTheDeviceMemory) {
+  // 64 MiB devices: the floors.
+  EXPECT_EQ(server_->op_limits().max_elements, 1ull << 32);
+  EXPECT_EQ(server_->op_limits().max_host_memory_bytes, 1ull << 30);
+  const v1::GetStatsResponse stats = Stats();
+  EXPECT_EQ(stats.max_op_elements(), 1ull << 32);
+  EXPECT_EQ(stats.max_op_host_memory_bytes(), 1ull << 30);
+  BackendOptions big = DefaultBackendOptions();
+  big.device_memory = 8ull << 30;  // mapped MAP_NORESERVE: nothing is touched
+  Restart(big, DefaultServerOptions());
+  EXPECT_EQ(server_->op_limits().max_elements, 4 * (8ull << 30));
+  EXPECT_EQ(server_->op_limits().max_host_memory_bytes, 8ull << 30);
+  ServerOptions set = DefaultServerOptions();
+  set.max_op_elements = 1000;
+  set.max_op_host_memory_bytes = 4096;
+  Restart(big, set);
+  EXPECT_EQ(server_->op_limits().max_elements, 1000u);
+  EXPECT_EQ(server_->op_limits().max_host_memory_bytes, 4096u);
+  EXPECT_EQ(Stats().max_op_elements(), 1000u);
+}
+
+// A 4-byte segment viewed as 2^40 elements: linalg_vector_norm would run
+// for an hour. It is refused before anything runs.
+TEST_F(ServerTest, AnOpOverTooManyElementsIsRefusedBeforeItRuns) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(4);
+  session.Send({RegisterOp(1, "aten::linalg_vector_norm", "")});
+  v1::Completion c =
+      session.Call(Op(1, {TensorValue(StrideZeroRef(addr, int64_t{1} << 40))}, {}, true));
+  EXPECT_EQ(c.code(), kResourceExhausted);
+  EXPECT_EQ(c.message(),
+            "aten::linalg_vector_norm: the call names 1099511627776 tensor elements, more than "
+            "the 4294967296 an op may process (--max-op-elements); the largest is argument "
+            "'self' (#0) with 1099511627776 elements (sizes [1099511627776]); split the work "
+            "into smaller calls, or start flagosd with a larger --max-op-elements");
+  ExpectNormServed(session, 1);
+  RawSession other(stub_.get());
+  other.Open("other");
+  other.Send({RegisterOp(1, "aten::linalg_vector_norm", "")});
+  ExpectNormServed(other, 1);
+}
+
+// The bound is on the elements of every tensor together: list elements
+// each below it add up past it.
+TEST_F(ServerTest, TheElementBoundSumsEveryTensorOfTheCall) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(4);
+  session.Send({RegisterOp(1, "aten::_foreach_norm", "Scalar")});
+  v1::Value list;
+  for (int i = 0; i < 3; ++i) {
+    *list.mutable_list()->add_values() = TensorValue(StrideZeroRef(addr, int64_t{1} << 31));
+  }
+  v1::Completion c = session.Call(Op(1, {list}, {}, true));
+  EXPECT_EQ(c.code(), kResourceExhausted);
+  EXPECT_EQ(c.message(),
+            "aten::_foreach_norm.Scalar: the call names 6442450944 tensor elements, more than "
+            "the 4294967296 an op may process (--max-op-elements); the largest is argument "
+            "'self' (#0) element 0 with 2147483648 elements (sizes [2147483648]); split the work "
+            "into smaller calls, or start flagosd with a larger --max-op-elements");
+}
+
+// --max-op-elements: 3.8e9 elements (seconds of work) refused under a
+// lower limit; a call at the limit runs.
+TEST_F(ServerTest, TheElementBoundIsConfigurable) {
+  ServerOptions options = DefaultServerOptions();
+  options.max_op_elements = 1 << 20;
+  Restart(DefaultBackendOptions(), options);
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(4);
+  session.Send({CopyTo(addr, FloatBytes({0.5f})), RegisterOp(1, "aten::linalg_vector_norm", "")});
+  v1::Completion c =
+      session.Call(Op(1, {TensorValue(StrideZeroRef(addr, 3800000000))}, {}, true));
+  EXPECT_EQ(c.code(), kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(c.message(),
+                               "aten::linalg_vector_norm: the call names 3800000000 tensor "
+                               "elements, more than the 1048576 an op may process"))
+      << c.message();
+  // sqrt(2^20 * 0.25) = 512, exactly.
+  EXPECT_EQ(OnlyFloat(session.Call(Op(1, {TensorValue(StrideZeroRef(addr, 1 << 20))}, {}, true))),
+            512.0f);
+}
+
+// What a 16 MiB bound says to median's copy of 402653184 float64s.
+std::string MedianRefusal() {
+  return absl::StrCat("aten::median: its kernel asked for ", uint64_t{402653184} * 8,
+                      " bytes of host memory while holding 0; an op's kernel may hold at most ",
+                      16 << 20, " bytes (--max-op-host-memory=16MiB); split the work into smaller "
+                      "calls, or start flagosd with a larger --max-op-host-memory");
+}
+
+// median's CPU kernel copies its input: over a 64-byte segment viewed as
+// 402653184 float64 elements, 3 GiB of host memory. Under a 16 MiB bound
+// the copy is refused before it is made.
+TEST_F(ServerTest, AKernelAskingForMoreHostMemoryThanTheBoundIsRefused) {
+  ServerOptions options = DefaultServerOptions();
+  options.max_op_host_memory_bytes = 16 << 20;
+  Restart(DefaultBackendOptions(), options);
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  session.Send({RegisterOp(1, "aten::median", ""), RegisterOp(2, "aten::linalg_vector_norm", "")});
+  const uint64_t resident_before = ResidentBytes();
+  v1::Completion c =
+      session.Call(Op(1, {TensorValue(StrideZeroRef(addr, 402653184, kDouble))}, {}, true));
+  const uint64_t resident_after = ResidentBytes();
+  EXPECT_EQ(c.code(), kResourceExhausted);
+  EXPECT_EQ(c.message(), MedianRefusal());
+  // The 3 GiB copy was never made (zero fill would have touched it all).
+  EXPECT_LT(resident_after, resident_before + (512ull << 20));
+  // Served on, and right: the median of [1, 5, 3] is 3.
+  session.Send({CopyTo(addr, [] {
+    std::string bytes(24, '\0');
+    const double values[] = {1, 5, 3};
+    std::memcpy(bytes.data(), values, 24);
+    return bytes;
+  }())});
+  v1::Completion median = session.Call(Op(1, {TensorValue(Ref(addr, {3}, kDouble))}, {}, true));
+  ASSERT_EQ(median.code(), 0) << median.message();
+  ASSERT_EQ(median.values_size(), 1);
+  double value = 0;
+  ASSERT_EQ(median.values(0).host_tensor().data().size(), sizeof(double));
+  std::memcpy(&value, median.values(0).host_tensor().data().data(), sizeof(double));
+  EXPECT_EQ(value, 3.0);
+  ExpectNormServed(session, 2);
+  RawSession other(stub_.get());
+  other.Open("other");
+  other.Send({RegisterOp(1, "aten::linalg_vector_norm", "")});
+  ExpectNormServed(other, 1);
+}
+
+// The cpu_fallback route's kernel runs under the same bound.
+TEST_F(ServerTest, TheHostMemoryBoundHoldsOnTheCpuFallbackRoute) {
+  BackendOptions fallback = DefaultBackendOptions();
+  fallback.force_route = "cpu_fallback";
+  ServerOptions options = DefaultServerOptions();
+  options.max_op_host_memory_bytes = 16 << 20;
+  Restart(fallback, options);
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(64);
+  session.Send({RegisterOp(1, "aten::median", ""), RegisterOp(2, "aten::linalg_vector_norm", "")});
+  v1::Completion c =
+      session.Call(Op(1, {TensorValue(StrideZeroRef(addr, 402653184, kDouble))}, {}, true));
+  EXPECT_EQ(c.code(), kResourceExhausted);
+  EXPECT_EQ(c.message(), MedianRefusal());
+  ExpectNormServed(session, 2);
 }
 
 }  // namespace
