@@ -52,8 +52,11 @@ inline constexpr uint64_t kStagingSlotBytes = 4096;
 // Copies are split into commands of at most this many bytes.
 inline constexpr uint64_t kMaxCopyChunk = 8ull << 20;
 // ... and copies from or into pinned memory (no bytes in the message) into
-// commands of at most this many.
-inline constexpr uint64_t kMaxPinnedCopyChunk = 64ull << 20;
+// commands of at most this many: large, because the daemon's one memcpy of a
+// whole range is faster than several of its parts (glibc copies very large
+// ranges with a faster loop: 256 MiB at once ran at 10.4 GB/s here, in 64 MiB
+// parts at 4.9 GB/s).
+inline constexpr uint64_t kMaxPinnedCopyChunk = 1ull << 30;
 
 // A block of pinned host memory (AllocatePinned). `region` > 0: a region
 // shared with the daemon, which copies straight from and into it; 0:
