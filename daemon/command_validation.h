@@ -26,7 +26,8 @@ inline constexpr size_t kMaxOpNameBytes = 256;
 // 600) and its bracket nesting (ATen's deepest is 2).
 inline constexpr size_t kMaxOpSchemaBytes = 4096;
 inline constexpr int kMaxOpSchemaNesting = 8;
-// A copy_from_device reply must fit a 256 MiB gRPC message.
+// A copy_from_device reply must fit a 256 MiB gRPC message (copies into
+// pinned memory, which reply nothing, are not limited).
 inline constexpr uint64_t kMaxCopyFromDeviceBytes = 128ull << 20;
 
 // Bytes per element of c10::ScalarType number `dtype`; 0 when flagosd does

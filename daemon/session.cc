@@ -1255,7 +1255,9 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
     }
     case v1::Command::kCopyFromDevice: {
       const v1::CopyFromDevice& copy = command.copy_from_device();
-      if (copy.nbytes() > kMaxCopyFromDeviceBytes) {
+      // Into pinned memory nothing travels in the reply; any range of the
+      // region may be copied at once.
+      if (!copy.has_pinned() && copy.nbytes() > kMaxCopyFromDeviceBytes) {
         return absl::InvalidArgumentError(absl::StrCat(
             "command ", command.seq(), " (copy_from_device): ", copy.nbytes(),
             " bytes in one copy; the limit is ", kMaxCopyFromDeviceBytes,
