@@ -113,6 +113,23 @@ def test_non_blocking_copies_move_no_bytes_through_the_client() -> None:
     assert after["stream_bytes_sent"] - before["stream_bytes_sent"] < MIB
 
 
+def test_a_pinned_copy_larger_than_an_inline_reply_is_one_command_and_right() -> None:
+    """Copies into pinned memory reply no bytes, so the 128 MiB limit of an
+    inline copy_from_device does not apply: 160 MiB each way in one command
+    (the daemon's one memcpy of a range is faster than several of its parts)."""
+    n = 160 * MIB
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8).pin_memory()
+    out = torch.zeros(n, dtype=torch.uint8, pin_memory=True)
+    y = src.to("flagos", non_blocking=True)
+    torch.flagos.synchronize()
+    before = my_session()["commands"]
+    out.copy_(y, non_blocking=True)
+    torch.flagos.synchronize()
+    assert torch.equal(out, src)
+    assert my_session()["commands"] - before <= 3  # the copy and the syncs
+    del y
+
+
 def test_reusing_a_pinned_buffer_right_after_a_non_blocking_copy_keeps_the_copy() -> None:
     # The stream is kept busy, so the copies run well after the buffers are
     # freed and their sizes allocated again and overwritten: the caching
