@@ -1735,5 +1735,59 @@ TEST_F(OneWorkerTest, WaitsAcrossStreamsAndDevicesDoNotStarveTheOnlyWorker) {
   EXPECT_TRUE(session.End().ok());
 }
 
+// A client that sends commands owing replies and never reads them: its
+// replies wait in its session's outbox (written by the session's own
+// writer thread), so the device's only worker goes on serving the other
+// session; once more than kMaxUnreadReplyBytes wait, flagosd ends the
+// non-reading session with RESOURCE_EXHAUSTED and frees what it held.
+TEST_F(OneWorkerTest, AClientThatDoesNotReadItsRepliesHoldsNoWorkerAndIsEnded) {
+  // Its own connection, so that HTTP/2's connection window is its own.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel = grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::Flagos::NewStub(channel);
+  RawSession deaf(stub.get());
+  const uint64_t deaf_id = deaf.Open("deaf");
+  constexpr uint64_t kReply = 1 << 20;
+  const uint64_t addr = deaf.AllocateOk(kReply);
+  // 1 GiB of replies, four times the bound: never read.
+  std::vector<v1::Command> downloads;
+  for (int i = 0; i < 1024; ++i) downloads.push_back(CopyFrom(addr, kReply));
+  deaf.Send(std::move(downloads));
+
+  RawSession other(stub_.get());
+  other.Open("other");
+  const uint64_t mine = other.AllocateOk(4096);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_TRUE(other.RunAndSync({CopyTo(mine, std::string(4096, static_cast<char>(i)))}).empty());
+    v1::Completion data = other.Call(CopyFrom(mine, 4096));
+    ASSERT_EQ(data.code(), 0) << data.message();
+    EXPECT_TRUE(data.data() == std::string(4096, static_cast<char>(i))) << "copy " << i;
+  }
+  // The deaf session ends: only the other one is left, holding its 4096 bytes.
+  v1::GetStatsResponse stats = Stats();
+  while (stats.sessions_size() != 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stats = Stats();
+  }
+  EXPECT_EQ(stats.sessions(0).client(), "other");
+  EXPECT_EQ(stats.devices(0).used_memory(), 4096u);
+
+  v1::ServerMessage reply;
+  while (deaf.stream().Read(&reply)) {
+  }
+  const grpc::Status end = deaf.stream().Finish();
+  EXPECT_EQ(end.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << end.error_message();
+  EXPECT_EQ(end.error_message(),
+            absl::StrCat("session ", deaf_id,
+                         " has more than 268435456 bytes of replies it has not read "
+                         "(kMaxUnreadReplyBytes): the client does not read its replies; flagosd "
+                         "ended the session and freed what it held. Read the session stream (and "
+                         "the sync channel) while commands that owe replies are outstanding"));
+  EXPECT_TRUE(other.End().ok());
+  EXPECT_EQ(StatsAfterSessionsEnd().devices(0).used_memory(), 0u);
+}
+
 }  // namespace
 }  // namespace flagos::daemon
