@@ -12,6 +12,7 @@
 #include <chrono>
 #include <iostream>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <initializer_list>
 #include <memory>
@@ -185,16 +186,23 @@ class RawSession {
   }
 
   // Reads until the completion of `seq`; earlier ones land in errors().
+  // One message may carry several completions (the daemon batches those
+  // waiting): the ones after `seq`'s are kept for the next call.
   v1::Completion WaitFor(uint64_t seq) {
     while (true) {
+      while (!unread_.empty()) {
+        v1::Completion completion = std::move(unread_.front());
+        unread_.pop_front();
+        if (completion.seq() == seq) return completion;
+        others_.push_back(std::move(completion));
+      }
       v1::ServerMessage reply;
       if (!stream_->Read(&reply)) {
         ADD_FAILURE() << "the session ended while waiting for command " << seq;
         return v1::Completion();
       }
-      for (const v1::Completion& completion : reply.completions()) {
-        if (completion.seq() == seq) return completion;
-        others_.push_back(completion);
+      for (v1::Completion& completion : *reply.mutable_completions()) {
+        unread_.push_back(std::move(completion));
       }
     }
   }
@@ -235,6 +243,7 @@ class RawSession {
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
   uint64_t seq_ = 0;
+  std::deque<v1::Completion> unread_;
   std::vector<v1::Completion> others_;
 };
 
