@@ -40,7 +40,9 @@ struct FakeStream {
           this));
       if (broken) return false;
       ++messages;
-      for (const v1::Completion& completion : message.completions()) seqs.push_back(completion.seq());
+      for (const v1::Completion& completion : message.completions()) {
+        seqs.push_back(completion.seq());
+      }
       return true;
     };
   }
@@ -82,7 +84,9 @@ TEST(ReplyWriterTest, PostingPastTheBoundEndsTheSessionOnceWithoutBlocking) {
     stream.held = true;  // a client that never reads
   }
   ReplyWriter writer(7, stream.Write(), stream.End(), /*max_unread_bytes=*/1 << 20);
-  for (uint64_t seq = 1; seq <= 64; ++seq) writer.PostCompletion(Done(seq, std::string(64 << 10, 'x')));
+  for (uint64_t seq = 1; seq <= 64; ++seq) {
+    writer.PostCompletion(Done(seq, std::string(64 << 10, 'x')));
+  }
   writer.Finish();
   EXPECT_EQ(writer.unread_bytes(), 0u) << "everything pending is dropped";
   absl::MutexLock lock(&stream.mu);
