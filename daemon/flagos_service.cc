@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "grpc/grpc.h"
 #include "logging.h"
 
 namespace flagos::daemon {
@@ -154,7 +155,8 @@ grpc::Status FlagosService::Session(
   }
   if (metrics_ != nullptr) metrics_->CountSessionOpened();
 
-  // Completions come from this thread and from the session's queue workers.
+  // Messages come from this thread (`opened`) and from the session's reply
+  // writer.
   absl::Mutex write_mu;
   // Set once the session exists; counts what the stream carries.
   daemon::Session* counted = nullptr;
@@ -163,13 +165,18 @@ grpc::Status FlagosService::Session(
     if (counted != nullptr) counted->CountStreamBytes(0, reply.ByteSizeLong());
     return stream->Write(reply);
   };
+  // Ends the session from any thread without blocking: the client sees
+  // `status` (the trailers are not held back by the replies it did not
+  // read), this thread's Read returns and the session closes as usual.
+  auto end_session = [context](const absl::Status& status) {
+    const std::string message(status.message());
+    grpc_call_cancel_with_status(context->c_call(),
+                                 static_cast<grpc_status_code>(status.code()), message.c_str(),
+                                 nullptr);
+  };
   auto session = std::make_shared<daemon::Session>(
-      *id, open, backend_, [&write](v1::Completion completion) {
-        v1::ServerMessage reply;
-        *reply.add_completions() = std::move(completion);
-        write(reply);
-      },
-      pools_, &activity_, metrics_, op_limits_, grants_);
+      *id, open, backend_, write, end_session, pools_, &activity_, metrics_, op_limits_,
+      grants_);
   registry_.Attach(*id, session);
   LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '",
                        session->client(), "', torch ",

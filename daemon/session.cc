@@ -66,7 +66,8 @@ std::string Capped(const std::string& text, size_t limit) {
 
 }  // namespace
 
-Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
+Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend,
+                 ReplyWriter::WriteFn write, ReplyWriter::EndFn end,
                  std::vector<WorkerPool*> pools, DeviceActivity* activity, Metrics* metrics,
                  const OpLimits& op_limits, MemoryGrants* grants)
     : id_(id),
@@ -78,7 +79,7 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
       activity_(activity),
       metrics_(metrics),
       grants_(grants),
-      reply_(std::move(reply)),
+      replies_(id, std::move(write), std::move(end)),
       pools_(std::move(pools)),
       ops_(OpRunner::Create(backend, op_limits)),
       staging_token_(NewToken()) {}
@@ -1366,7 +1367,7 @@ void Session::Reply(v1::Completion completion) {
     return WriteSyncReply(std::move(completion));
   }
   if (completion.code() != 0) errors_sent_.fetch_add(1);
-  reply_(std::move(completion));
+  replies_.PostCompletion(std::move(completion));
 }
 
 void Session::StartSyncChannel(int fd) {
@@ -1433,7 +1434,8 @@ void Session::SyncLoop() {
 
 void Session::WriteSyncReply(v1::Completion completion) {
   completion.set_errors_before(errors_sent_.load());
-  (void)v1::WriteFrame(sync_fd_, completion);  // a client gone is seen by SyncLoop
+  // Without blocking; a client gone is seen by SyncLoop.
+  replies_.PostSyncFrame(sync_fd_, v1::EncodeFrame(completion));
 }
 
 v1::Completion Session::ErrorCompletion(uint64_t seq, absl::string_view kind,
@@ -1507,6 +1509,9 @@ Session::CloseSummary Session::Close() {
   // Every record task has run or was dropped: releasing the table destroys
   // the backend events.
   events_.clear();
+  // No reply can come now: the last ones go out (unless the stream is
+  // gone), then the writer stops; only then is the sync fd closed.
+  replies_.Finish();
   if (sync_fd_ >= 0) {
     close(sync_fd_);
     sync_fd_ = -1;

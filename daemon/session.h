@@ -37,9 +37,11 @@
 // outlives it.
 //
 // Thread safety: HandleBatch and Close are called by the session's reading
-// thread only; Info and the accessors may be called from any thread. The
-// reply function is called from the reading thread and the queue workers,
-// possibly concurrently; it must serialise its writes.
+// thread only; Info and the accessors may be called from any thread.
+// Replies are posted (from the reading thread, the sync channel's thread,
+// the queue workers and backend threads) to the session's ReplyWriter and
+// written by its thread: `write` is called from that thread only (and must
+// serialise with the caller's own writes on the stream).
 #ifndef FLAGOS_DAEMON_SESSION_H_
 #define FLAGOS_DAEMON_SESSION_H_
 
@@ -65,6 +67,7 @@
 #include "op_runner.h"
 #include "segment_table.h"
 #include "pinned_region.h"
+#include "reply_writer.h"
 #include "staging_region.h"
 #include "stream_queue.h"
 #include "worker_pool.h"
@@ -87,8 +90,6 @@ inline constexpr size_t kMaxCommandLineBytes = 4096;
 
 class Session {
  public:
-  using ReplyFn = std::function<void(v1::Completion)>;
-
   struct CloseSummary {
     uint64_t segments = 0;  // segments freed
     uint64_t bytes = 0;     // bytes they held
@@ -99,7 +100,12 @@ class Session {
   // run), `activity`, `metrics` and `grants` (each may be null: no busy
   // time / no metrics counted / no memory shared with other sessions). Its
   // ops are bounded by `op_limits` (op_limits.h).
-  Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend, ReplyFn reply,
+  // Replies go out through a ReplyWriter of the session's own: `write`
+  // writes one message on the session stream (blocking, on the writer's
+  // thread), `end` ends the session when the client leaves more than
+  // kMaxUnreadReplyBytes of replies unread (reply_writer.h).
+  Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend,
+          ReplyWriter::WriteFn write, ReplyWriter::EndFn end,
           std::vector<WorkerPool*> pools, DeviceActivity* activity = nullptr,
           Metrics* metrics = nullptr, const OpLimits& op_limits = OpLimits(),
           MemoryGrants* grants = nullptr);
@@ -172,7 +178,8 @@ class Session {
   // The sync channel's thread.
   void SyncLoop();
   // Every reply goes through here: to the sync channel when it answers the
-  // command waiting there, else to the session stream.
+  // command waiting there, else to the session stream; never blocks
+  // (replies_).
   void Reply(v1::Completion completion);
   void Allocate(uint64_t seq, int device, uint64_t nbytes);
   // Zeroes a new segment before the client learns its address (unless the
@@ -316,7 +323,9 @@ class Session {
   DeviceActivity* const activity_;
   Metrics* const metrics_;
   MemoryGrants* const grants_;
-  const ReplyFn reply_;
+  // Writes every reply (stream and sync channel); no worker blocks on the
+  // client's sockets. Finished by Close before the sync fd is closed.
+  ReplyWriter replies_;
   const std::vector<WorkerPool*> pools_;
   const std::unique_ptr<OpRunner> ops_;
 

@@ -11,11 +11,11 @@
 // A job must not wait for another job of the same pool to run (the workers
 // could all be waiting): a queue whose next task needs another queue's work
 // parks instead (StreamQueue::PushGate) and is scheduled again when that
-// work is done. Jobs may block on the device or the runtime, and a reply
-// written to a client that does not read its stream blocks in gRPC's flow
-// control: each holds its worker meanwhile (so one session can occupy as
-// many workers as it has busy streams on the device; no per-session share
-// is enforced yet).
+// work is done. Jobs may block on the device or the runtime (each holds its
+// worker meanwhile: one session can occupy as many workers as it has busy
+// streams on the device; no per-session share is enforced yet), never on a
+// client's socket: replies are posted to the session's ReplyWriter, which
+// writes them from its own thread (reply_writer.h).
 //
 // Thread safety: Schedule may be called from any thread, including a job.
 #ifndef FLAGOS_DAEMON_WORKER_POOL_H_

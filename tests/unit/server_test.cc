@@ -12,6 +12,7 @@
 #include <chrono>
 #include <iostream>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -189,16 +190,23 @@ class RawSession {
   }
 
   // Reads until the completion of `seq`; earlier ones land in errors().
+  // One message may carry several completions (the daemon batches those
+  // waiting): the ones after `seq`'s are kept for the next call.
   v1::Completion WaitFor(uint64_t seq) {
     while (true) {
+      while (!unread_.empty()) {
+        v1::Completion completion = std::move(unread_.front());
+        unread_.pop_front();
+        if (completion.seq() == seq) return completion;
+        others_.push_back(std::move(completion));
+      }
       v1::ServerMessage reply;
       if (!stream_->Read(&reply)) {
         ADD_FAILURE() << "the session ended while waiting for command " << seq;
         return v1::Completion();
       }
-      for (const v1::Completion& completion : reply.completions()) {
-        if (completion.seq() == seq) return completion;
-        others_.push_back(completion);
+      for (v1::Completion& completion : *reply.mutable_completions()) {
+        unread_.push_back(std::move(completion));
       }
     }
   }
@@ -239,6 +247,7 @@ class RawSession {
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
   uint64_t seq_ = 0;
+  std::deque<v1::Completion> unread_;
   std::vector<v1::Completion> others_;
 };
 
@@ -1843,7 +1852,8 @@ std::vector<v1::Command> BusyStreams(int streams, int rounds, uint64_t chunk_byt
 // 64 sessions x 8 streams on a daemon with 4 workers per device (2
 // devices). The bound (docs/operations.md, "Threads"): the workers exist
 // from the start; a session adds the one gRPC thread that reads its stream
-// (and the sync channel's, which a raw session does not attach), and no
+// and its reply writer (and the sync channel's, which a raw session does
+// not attach), and no
 // number of streams or of commands queued on them adds any. gRPC's sync
 // server may keep a few spare threads for new calls, and its core a few
 // more under load: kGrpcSpareThreads. (One thread per stream, the design
@@ -1896,8 +1906,8 @@ TEST_F(ManySessionsTest, ThreadCountDoesNotGrowWithSessionsTimesBusyStreams) {
   RecordProperty("threads_at_start", at_start);
   RecordProperty("threads_sessions_open", sessions_open);
   RecordProperty("threads_busy_max", busy);
-  EXPECT_LE(sessions_open, at_start + kSessions + kGrpcSpareThreads);
-  EXPECT_LE(busy, at_start + kSessions + kGrpcSpareThreads);
+  EXPECT_LE(sessions_open, at_start + 2 * kSessions + kGrpcSpareThreads);
+  EXPECT_LE(busy, at_start + 2 * kSessions + kGrpcSpareThreads);
   // Every session's streams ran in order: stream 2 copied stream 1's bytes
   // after waiting for its event.
   for (int i = 0; i < kSessions; ++i) {
@@ -1952,6 +1962,60 @@ TEST_F(OneWorkerTest, WaitsAcrossStreamsAndDevicesDoNotStarveTheOnlyWorker) {
   EXPECT_EQ(session.Call(CopyFrom(a + 3 * kChunk - 4, 4, 0, 1)).data(), std::string(4, '\x02'));
   EXPECT_EQ(session.Call(CopyFrom(a + 4 * kChunk - 4, 4, 0, 4)).data(), std::string(4, '\x03'));
   EXPECT_TRUE(session.End().ok());
+}
+
+// A client that sends commands owing replies and never reads them: its
+// replies wait in its session's outbox (written by the session's own
+// writer thread), so the device's only worker goes on serving the other
+// session; once more than kMaxUnreadReplyBytes wait, flagosd ends the
+// non-reading session with RESOURCE_EXHAUSTED and frees what it held.
+TEST_F(OneWorkerTest, AClientThatDoesNotReadItsRepliesHoldsNoWorkerAndIsEnded) {
+  // Its own connection, so that HTTP/2's connection window is its own.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel = grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::Flagos::NewStub(channel);
+  RawSession deaf(stub.get());
+  const uint64_t deaf_id = deaf.Open("deaf");
+  constexpr uint64_t kReply = 1 << 20;
+  const uint64_t addr = deaf.AllocateOk(kReply);
+  // 1 GiB of replies, four times the bound: never read.
+  std::vector<v1::Command> downloads;
+  for (int i = 0; i < 1024; ++i) downloads.push_back(CopyFrom(addr, kReply));
+  deaf.Send(std::move(downloads));
+
+  RawSession other(stub_.get());
+  other.Open("other");
+  const uint64_t mine = other.AllocateOk(4096);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_TRUE(other.RunAndSync({CopyTo(mine, std::string(4096, static_cast<char>(i)))}).empty());
+    v1::Completion data = other.Call(CopyFrom(mine, 4096));
+    ASSERT_EQ(data.code(), 0) << data.message();
+    EXPECT_TRUE(data.data() == std::string(4096, static_cast<char>(i))) << "copy " << i;
+  }
+  // The deaf session ends: only the other one is left, holding its 4096 bytes.
+  v1::GetStatsResponse stats = Stats();
+  while (stats.sessions_size() != 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stats = Stats();
+  }
+  EXPECT_EQ(stats.sessions(0).client(), "other");
+  EXPECT_EQ(stats.devices(0).used_memory(), 4096u);
+
+  v1::ServerMessage reply;
+  while (deaf.stream().Read(&reply)) {
+  }
+  const grpc::Status end = deaf.stream().Finish();
+  EXPECT_EQ(end.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << end.error_message();
+  EXPECT_EQ(end.error_message(),
+            absl::StrCat("session ", deaf_id,
+                         " has more than 268435456 bytes of replies it has not read "
+                         "(kMaxUnreadReplyBytes): the client does not read its replies; flagosd "
+                         "ended the session and freed what it held. Read the session stream (and "
+                         "the sync channel) while commands that owe replies are outstanding"));
+  EXPECT_TRUE(other.End().ok());
+  EXPECT_EQ(StatsAfterSessionsEnd().devices(0).used_memory(), 0u);
 }
 
 }  // namespace

@@ -5,11 +5,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -293,6 +295,84 @@ TEST_F(StagingTest, TheSyncChannelAnswersWhatItCannotServeOnItself) {
   while (stream->Read(&opened)) {
   }
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A raw client that sends sync-channel commands owing replies and reads
+// neither the channel nor its stream: the daemon sends each reply without
+// blocking (what the socket does not take waits for the session's writer),
+// so no thread of the device is held and another session goes on; once more
+// than kMaxUnreadReplyBytes wait, the session ends with RESOURCE_EXHAUSTED
+// and its memory is freed.
+TEST_F(StagingTest, ASyncChannelClientThatDoesNotReadIsEnded) {
+  auto channel = grpc::CreateChannel(endpoint_, grpc::InsecureChannelCredentials());
+  auto stub = v1::Flagos::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->Session(&context);
+  v1::ClientMessage open;
+  open.mutable_open()->set_version(1);
+  open.mutable_open()->set_pid(getpid());
+  ASSERT_TRUE(stream->Write(open));
+  v1::ServerMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_opened());
+  const uint64_t deaf_id = reply.opened().session_id();
+  auto region = client::StagingRegion::Create(1 << 20, 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<int> fd =
+      (*region)->Attach(reply.opened().staging_socket(), deaf_id,
+                        reply.opened().staging_token(), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  constexpr uint64_t kReply = 1 << 20;
+  v1::ClientMessage allocate;
+  v1::Command* command = allocate.mutable_batch()->add_commands();
+  command->set_seq(1);
+  command->mutable_allocate()->set_nbytes(kReply);
+  ASSERT_TRUE(stream->Write(allocate));
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_EQ(reply.completions_size(), 1);
+  const uint64_t addr = reply.completions(0).addr();
+  // 1 GiB of replies, four times the bound, never read.
+  for (uint64_t seq = 2; seq < 2 + 1024; ++seq) {
+    v1::SyncRequest request;
+    request.mutable_command()->set_seq(seq);
+    request.mutable_command()->mutable_copy_from_device()->set_addr(addr);
+    request.mutable_command()->mutable_copy_from_device()->set_nbytes(kReply);
+    if (!v1::WriteFrame(*fd, request)) break;  // the session ended already
+  }
+
+  auto other = Connect();
+  ASSERT_NE(other, nullptr);
+  const uint64_t mine = Allocate(*other, 4096);
+  ASSERT_NE(mine, 0u);
+  v1::Command download;
+  download.mutable_copy_from_device()->set_addr(mine);
+  download.mutable_copy_from_device()->set_nbytes(4096);
+  auto data = other->Call(download, "copy_from_device");
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_TRUE(data->data() == std::string(4096, '\0'));
+  // The deaf session ends: only the other one is left.
+  while (true) {
+    auto stats = other->GetStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    if (stats->sessions_size() == 1) {
+      EXPECT_EQ(stats->sessions(0).id(), other->session_id());
+      EXPECT_EQ(stats->devices(0).used_memory(), 4096u);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  while (stream->Read(&reply)) {
+  }
+  const grpc::Status end = stream->Finish();
+  EXPECT_EQ(end.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << end.error_message();
+  EXPECT_EQ(end.error_message(),
+            absl::StrCat("session ", deaf_id,
+                         " has more than 268435456 bytes of replies it has not read "
+                         "(kMaxUnreadReplyBytes): the client does not read its replies; flagosd "
+                         "ended the session and freed what it held. Read the session stream (and "
+                         "the sync channel) while commands that owe replies are outstanding"));
+  close(*fd);
 }
 
 TEST(DaemonStagingRegion, AcceptsOnlySealedMemfdsThatHoldTheLayout) {
