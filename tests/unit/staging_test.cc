@@ -234,30 +234,52 @@ TEST_F(StagingTest, AttachNeedsTheSessionsToken) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
 }
 
+// A raw client (not flagos_client): a session stream, opened, with a
+// staging region attached; `fd` is the sync channel.
+struct RawSyncClient {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Flagos::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
+  v1::SessionOpened opened;
+  std::unique_ptr<client::StagingRegion> region;
+  int fd = -1;
+};
+
+void OpenRawSyncClient(const std::string& endpoint, RawSyncClient* c) {
+  c->channel = grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials());
+  c->stub = v1::Flagos::NewStub(c->channel);
+  c->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  c->stream = c->stub->Session(&c->context);
+  v1::ClientMessage open;
+  open.mutable_open()->set_version(1);
+  open.mutable_open()->set_pid(getpid());
+  ASSERT_TRUE(c->stream->Write(open));
+  v1::ServerMessage reply;
+  ASSERT_TRUE(c->stream->Read(&reply));
+  ASSERT_TRUE(reply.has_opened());
+  c->opened = reply.opened();
+  ASSERT_FALSE(c->opened.staging_token().empty());
+  auto region = client::StagingRegion::Create(1 << 20, 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  c->region = *std::move(region);
+  absl::StatusOr<int> fd =
+      c->region->Attach(c->opened.staging_socket(), c->opened.session_id(),
+                        c->opened.staging_token(), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  c->fd = *fd;
+}
+
 // A raw client (not flagos_client) on the sync channel: a request with seq 0,
 // or one for a command that owes no reply, is answered with its error on the
 // channel it came on (a reply by seq would go to the session stream, where
 // no one waits); the channel and the session go on.
 TEST_F(StagingTest, TheSyncChannelAnswersWhatItCannotServeOnItself) {
-  auto channel = grpc::CreateChannel(endpoint_, grpc::InsecureChannelCredentials());
-  auto stub = v1::Flagos::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto stream = stub->Session(&context);
-  v1::ClientMessage open;
-  open.mutable_open()->set_version(1);
-  open.mutable_open()->set_pid(getpid());
-  ASSERT_TRUE(stream->Write(open));
+  RawSyncClient raw;
+  ASSERT_NO_FATAL_FAILURE(OpenRawSyncClient(endpoint_, &raw));
+  auto& stream = raw.stream;
+  const int* fd = &raw.fd;
   v1::ServerMessage opened;
-  ASSERT_TRUE(stream->Read(&opened));
-  ASSERT_TRUE(opened.has_opened());
-  ASSERT_FALSE(opened.opened().staging_token().empty());
-  auto region = client::StagingRegion::Create(1 << 20, 4096);
-  ASSERT_TRUE(region.ok()) << region.status();
-  absl::StatusOr<int> fd =
-      (*region)->Attach(opened.opened().staging_socket(), opened.opened().session_id(),
-                        opened.opened().staging_token(), absl::Now() + absl::Seconds(5));
-  ASSERT_TRUE(fd.ok()) << fd.status();
 
   const auto ask = [&](v1::Command command) {
     v1::SyncRequest request;
@@ -304,25 +326,12 @@ TEST_F(StagingTest, TheSyncChannelAnswersWhatItCannotServeOnItself) {
 // than kMaxUnreadReplyBytes wait, the session ends with RESOURCE_EXHAUSTED
 // and its memory is freed.
 TEST_F(StagingTest, ASyncChannelClientThatDoesNotReadIsEnded) {
-  auto channel = grpc::CreateChannel(endpoint_, grpc::InsecureChannelCredentials());
-  auto stub = v1::Flagos::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto stream = stub->Session(&context);
-  v1::ClientMessage open;
-  open.mutable_open()->set_version(1);
-  open.mutable_open()->set_pid(getpid());
-  ASSERT_TRUE(stream->Write(open));
+  RawSyncClient raw;
+  ASSERT_NO_FATAL_FAILURE(OpenRawSyncClient(endpoint_, &raw));
+  auto& stream = raw.stream;
+  const int* fd = &raw.fd;
+  const uint64_t deaf_id = raw.opened.session_id();
   v1::ServerMessage reply;
-  ASSERT_TRUE(stream->Read(&reply));
-  ASSERT_TRUE(reply.has_opened());
-  const uint64_t deaf_id = reply.opened().session_id();
-  auto region = client::StagingRegion::Create(1 << 20, 4096);
-  ASSERT_TRUE(region.ok()) << region.status();
-  absl::StatusOr<int> fd =
-      (*region)->Attach(reply.opened().staging_socket(), deaf_id,
-                        reply.opened().staging_token(), absl::Now() + absl::Seconds(5));
-  ASSERT_TRUE(fd.ok()) << fd.status();
   constexpr uint64_t kReply = 1 << 20;
   v1::ClientMessage allocate;
   v1::Command* command = allocate.mutable_batch()->add_commands();
