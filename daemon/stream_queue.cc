@@ -1,5 +1,6 @@
 #include "stream_queue.h"
 
+#include <atomic>
 #include <deque>
 #include <exception>
 #include <utility>
@@ -36,6 +37,9 @@ struct StreamQueue::Core {
   const std::string name;
   WorkerPool* const pool;
   BusyClock* const busy;
+  // The worker that ran the last turn: asked for again, so that a stream
+  // stays on a warm thread while that one is free (WorkerPool::Schedule).
+  std::atomic<int> last_worker{WorkerPool::kAnyWorker};
 
   mutable absl::Mutex mu;
   std::deque<StreamQueueItem> items ABSL_GUARDED_BY(mu);
@@ -58,7 +62,8 @@ StreamQueue::StreamQueue(std::string name, WorkerPool* pool, BusyClock* busy)
 StreamQueue::~StreamQueue() { Stop(); }
 
 void StreamQueue::Schedule(const std::shared_ptr<Core>& core) {
-  core->pool->Schedule([core] { Drain(core); });
+  core->pool->Schedule([core] { Drain(core); },
+                       core->last_worker.load(std::memory_order_relaxed));
 }
 
 void StreamQueue::Push(Task task) {
@@ -110,6 +115,7 @@ void StreamQueue::Resume::operator()() const {
 }
 
 void StreamQueue::Drain(const std::shared_ptr<Core>& core) {
+  core->last_worker.store(core->pool->CurrentWorker(), std::memory_order_relaxed);
   for (int ran = 0;; ++ran) {
     StreamQueueItem item;
     uint64_t gate = 0;

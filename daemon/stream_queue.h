@@ -4,7 +4,8 @@
 // schedules itself once on its device's WorkerPool, whose worker runs its
 // tasks (a bounded number per turn, then it goes to the back of the pool's
 // ready list, so that a busy stream cannot hold a worker from the others)
-// and releases it when it runs out.
+// and releases it when it runs out. It asks the pool for the worker that
+// ran its last turn (kept warm for it if free: WorkerPool::Schedule).
 //
 // A task must not block waiting for another queue's work (with a bounded
 // pool every worker could be waiting). A task that depends on another queue

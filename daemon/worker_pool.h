@@ -8,6 +8,14 @@
 // The pool knows nothing of queues or ordering: a job is a closure. Ordering
 // and "one task of a queue at a time" are StreamQueue's.
 //
+// Which worker runs a job: the worker the caller prefers if it is idle (a
+// queue asks for the worker that ran its previous turn), else the worker that
+// went idle last, else the first worker to finish its job. Each idle worker
+// sleeps on its own condition variable and is woken alone, with the job
+// handed to it. A stream whose commands arrive one at a time thus keeps
+// running on one thread, whose caches, ATen thread-local state and OpenMP
+// team are warm, as when every stream had a thread of its own.
+//
 // A job must not wait for another job of the same pool to run (the workers
 // could all be waiting): a queue whose next task needs another queue's work
 // parks instead (StreamQueue::PushGate) and is scheduled again when that
@@ -22,6 +30,7 @@
 #define FLAGOS_DAEMON_WORKER_POOL_H_
 
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,22 +55,42 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  // Runs `job` on a worker after the jobs scheduled before it have started.
-  // A job that throws is logged; the worker goes on. Dropped (destroyed
+  // Runs `job` on a worker after the jobs scheduled before it have started;
+  // on worker `preferred` (an index from CurrentWorker) if that one is idle
+  // now. A job that throws is logged; the worker goes on. Dropped (destroyed
   // unrun) once the pool is being destroyed.
-  void Schedule(Job job);
+  void Schedule(Job job, int preferred = kAnyWorker);
 
-  int workers() const { return static_cast<int>(threads_.size()); }
+  // The index of the calling thread among this pool's workers, or kAnyWorker
+  // when it is not one of them.
+  int CurrentWorker() const;
+
+  static constexpr int kAnyWorker = -1;
+
+  int workers() const { return static_cast<int>(workers_.size()); }
+  // Workers asleep, waiting for a job.
+  int idle_workers() const;
   const std::string& name() const { return name_; }
 
  private:
-  void Run();
+  struct Worker {
+    absl::CondVar wake;
+    // Handed over by Schedule while the worker sleeps (guarded by mu_).
+    Job job;
+    std::thread thread;
+  };
+
+  void Run(int index);
 
   const std::string name_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
+  // Jobs no worker was idle for, oldest first.
   std::deque<Job> ready_ ABSL_GUARDED_BY(mu_);
+  // Indices of the workers asleep, the one that went idle last at the back.
+  std::vector<int> idle_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;  // last: started when everything above exists
+  // Sized once in the constructor; the threads start when all exist.
+  std::vector<std::unique_ptr<Worker>> workers_;
 };
 
 // The default workers per device: 2 x the host's cores, at least 4 and at

@@ -71,6 +71,60 @@ TEST(WorkerPoolTest, DestructionDropsJobsNotStartedAndWaitsForTheRunningOne) {
   EXPECT_EQ(ran.load(), 1);
 }
 
+TEST(WorkerPoolTest, AJobGoesToThePreferredWorkerWhenItIsIdle) {
+  WorkerPool pool("test", 4);
+  std::atomic<int> first{WorkerPool::kAnyWorker};
+  absl::Notification ran_first;
+  pool.Schedule([&] {
+    first = pool.CurrentWorker();
+    ran_first.Notify();
+  });
+  ran_first.WaitForNotification();
+  ASSERT_GE(first.load(), 0);
+  ASSERT_LT(first.load(), 4);
+  EXPECT_EQ(pool.CurrentWorker(), WorkerPool::kAnyWorker);  // not a worker thread
+  // Each of many jobs, scheduled after the previous one finished, runs on
+  // the worker asked for: it is idle by then (it went idle before the job
+  // signalled, or is about to; wait until the pool has it idle again).
+  for (int i = 0; i < 50; ++i) {
+    std::atomic<int> ran_on{WorkerPool::kAnyWorker};
+    absl::Notification done;
+    pool.Schedule(
+        [&] {
+          ran_on = pool.CurrentWorker();
+          done.Notify();
+        },
+        first.load());
+    done.WaitForNotification();
+    EXPECT_EQ(ran_on.load(), first.load());
+    while (pool.idle_workers() != 4) std::this_thread::yield();
+  }
+}
+
+TEST(WorkerPoolTest, AJobGoesToTheWorkerThatWentIdleLast) {
+  WorkerPool pool("test", 3);
+  while (pool.idle_workers() != 3) std::this_thread::yield();
+  std::atomic<int> last{WorkerPool::kAnyWorker};
+  absl::Notification done;
+  pool.Schedule([&] {
+    last = pool.CurrentWorker();
+    done.Notify();
+  });
+  done.WaitForNotification();
+  while (pool.idle_workers() != 3) std::this_thread::yield();
+  for (int i = 0; i < 20; ++i) {
+    std::atomic<int> ran_on{WorkerPool::kAnyWorker};
+    absl::Notification again;
+    pool.Schedule([&] {
+      ran_on = pool.CurrentWorker();
+      again.Notify();
+    });
+    again.WaitForNotification();
+    EXPECT_EQ(ran_on.load(), last.load());
+    while (pool.idle_workers() != 3) std::this_thread::yield();
+  }
+}
+
 TEST(WorkerPoolTest, HasTheWorkersItWasGivenAndAtLeastOne) {
   EXPECT_EQ(WorkerPool("test", 3).workers(), 3);
   EXPECT_EQ(WorkerPool("test", 0).workers(), 1);
