@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpc/grpc.h"
+#include "grpcpp/support/method_handler.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "logging.h"
 
 namespace flagos::daemon {
@@ -22,6 +24,30 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 std::string VersionRange(uint32_t min, uint32_t max) {
   return absl::StrCat("[", min, ", ", max, "]");
+}
+
+// Session's index among flagos.v1.Flagos's rpcs (their order in
+// proto/flagos/v1/flagos.proto: Negotiate, GetStats, Session).
+constexpr int kSessionMethod = 2;
+
+// Reads the next message of `stream` into `message`: false at the end of the
+// stream (or when it was cancelled), INVALID_ARGUMENT when its bytes are not
+// a ClientMessage.
+absl::StatusOr<bool> ReadClientMessage(FlagosService::SessionStream* stream,
+                                       v1::ClientMessage* message) {
+  grpc::ByteBuffer bytes;
+  if (!stream->Read(&bytes)) return false;
+  const size_t nbytes = bytes.Length();
+  message->Clear();
+  grpc::ProtoBufferReader reader(&bytes);
+  if (!reader.status().ok() || !message->ParseFromZeroCopyStream(&reader)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a session message of ", nbytes,
+        " bytes is not a flagos.v1.ClientMessage (malformed wire data, or values nested deeper "
+        "than protobuf's limit of 100 levels); the session is ended: send messages serialized "
+        "from proto/flagos/v1/flagos.proto"));
+  }
+  return true;
 }
 
 }  // namespace
@@ -38,7 +64,15 @@ FlagosService::FlagosService(const Backend* backend, SessionRegistry* registry,
       metrics_(metrics),
       start_time_(start_time_unix),
       op_limits_(op_limits),
-      pending_opens_(max_pending_opens, open_deadline) {}
+      pending_opens_(max_pending_opens, open_deadline) {
+  MarkMethodStreamed(
+      kSessionMethod,
+      new grpc::internal::BidiStreamingHandler<FlagosService, grpc::ByteBuffer, v1::ServerMessage>(
+          [](FlagosService* service, grpc::ServerContext* context, SessionStream* stream) {
+            return service->RunSession(context, stream);
+          },
+          this));
+}
 
 grpc::Status FlagosService::Counted(grpc::Status status) const {
   if (!status.ok() && metrics_ != nullptr) metrics_->CountRpcError(status.error_code());
@@ -119,16 +153,16 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
-grpc::Status FlagosService::Session(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) {
+grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStream* stream) {
   v1::ClientMessage message;
   {
     // Until `open` arrives the stream holds a thread outside --max-sessions.
     absl::StatusOr<PendingOpens::Ticket> waiting =
         pending_opens_.Enter([context] { context->TryCancel(); });
     if (!waiting.ok()) return Counted(ToGrpc(waiting.status()));
-    if (!stream->Read(&message)) {
+    absl::StatusOr<bool> read = ReadClientMessage(stream, &message);
+    if (!read.ok()) return Counted(ToGrpc(read.status()));
+    if (!*read) {
       return Counted(grpc::Status(
           grpc::StatusCode::CANCELLED,
           waiting->expired() ? "no `open` within the deadline; the stream was cancelled"
@@ -197,7 +231,13 @@ grpc::Status FlagosService::Session(
   write(opened);
 
   grpc::Status end = grpc::Status::OK;
-  while (stream->Read(&message)) {
+  while (true) {
+    absl::StatusOr<bool> read = ReadClientMessage(stream, &message);
+    if (!read.ok()) {
+      end = ToGrpc(read.status());
+      break;
+    }
+    if (!*read) break;  // the client ended the stream (or it was cancelled)
     session->CountStreamBytes(message.ByteSizeLong(), 0);
     if (message.has_batch()) {
       if (absl::Status s = session->HandleBatch(message.mutable_batch()); !s.ok()) {
@@ -212,11 +252,14 @@ grpc::Status FlagosService::Session(
     break;
   }
   const bool cancelled = context->IsCancelled();
+  const char* const how = !end.ok() ? "ended for a protocol error"
+                          : cancelled ? "cancelled"
+                                      : "ended by the client";
   const uint64_t commands = session->Info().commands();
   const daemon::Session::CloseSummary summary = session->Close();
   registry_.Remove(*id);
   LogInfo(absl::StrCat("session ", *id, " closed (pid ", open.pid(), ", ",
-                       cancelled ? "cancelled" : "ended by the client", "): ", commands,
+                       how, "): ", commands,
                        " commands, freed ", summary.segments, " segments (", summary.bytes,
                        " bytes)"));
   return Counted(end);

@@ -15,6 +15,7 @@
 #include "op_limits.h"
 #include "pending_opens.h"
 #include "flagos/v1/flagos.grpc.pb.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "session_registry.h"
 #include "worker_pool.h"
 
@@ -50,11 +51,14 @@ class FlagosService final : public v1::Flagos::Service {
                          v1::NegotiateResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
                         v1::GetStatsResponse* response) override;
+  // The Session stream's messages arrive as bytes, which the service parses
+  // itself (the constructor installs this handler in place of the generated
+  // one): gRPC's own Read cannot tell a message that fails to parse from the
+  // end of the stream. One that fails ends the session with INVALID_ARGUMENT.
+  using SessionStream = grpc::ServerReaderWriter<v1::ServerMessage, grpc::ByteBuffer>;
   // Runs one session from `open` to the end of the stream; returns after
   // the session released everything it held.
-  grpc::Status Session(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::ServerMessage, v1::ClientMessage>* stream) override;
+  grpc::Status RunSession(grpc::ServerContext* context, SessionStream* stream);
 
  private:
   // Devices as Negotiate and GetStats report them; used_memory sums the

@@ -412,6 +412,52 @@ TEST_F(ServerTest, SessionMustStartWithOpen) {
   EXPECT_EQ(session.End().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// A message whose bytes do not parse ends its session with INVALID_ARGUMENT
+// (not OK, as gRPC's own Read would have it: it cannot tell a bad message
+// from the end of the stream), before `open` and after; no other session is
+// touched and the daemon serves on.
+TEST_F(ServerTest, MessagesThatDoNotParseEndTheSessionWithInvalidArgument) {
+  const std::string marker(4096, '\x6b');
+  RawSession b(stub_.get());
+  b.Open("b");
+  const uint64_t b_addr = b.AllocateOk(marker.size());
+  for (const v1::Completion& e : b.RunAndSync({CopyTo(b_addr, marker)})) ADD_FAILURE() << e.message();
+
+  // Field 2 (batch) framed as bytes that are no CommandBatch: a tag of an
+  // unterminated varint.
+  v1::ClientMessage malformed;
+  malformed.GetReflection()->MutableUnknownFields(&malformed)->AddLengthDelimited(
+      2, std::string("\xff\xff\xff\xff", 4));
+  // An op argument nested 1000 lists deep (protobuf's parser stops at 100).
+  v1::ClientMessage deep;
+  {
+    v1::Command command = Op(1, {}, {});
+    command.set_seq(1);
+    v1::Value* value = command.mutable_op()->add_args();
+    for (int i = 0; i < 1000; ++i) value = value->mutable_list()->add_values();
+    value->set_i(1);
+    *deep.mutable_batch()->add_commands() = std::move(command);
+  }
+  for (const bool opened : {false, true}) {
+    for (const v1::ClientMessage* bad : {&malformed, &deep}) {
+      RawSession a(stub_.get());
+      if (opened) a.Open("a");
+      ASSERT_TRUE(a.stream().Write(*bad));
+      const grpc::Status status = a.End();
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+      EXPECT_TRUE(absl::StrContains(status.error_message(), "is not a flagos.v1.ClientMessage"))
+          << status.error_message();
+      EXPECT_TRUE(absl::StrContains(status.error_message(), "nested deeper than protobuf's limit"))
+          << status.error_message();
+    }
+  }
+  EXPECT_EQ(b.Call(CopyFrom(b_addr, marker.size())).data(), marker);
+  RawSession c(stub_.get());
+  EXPECT_GT(c.Open("c"), 0u);
+  EXPECT_EQ(c.Call(Sync()).code(), 0);
+  EXPECT_TRUE(c.End().ok());
+}
+
 TEST_F(ServerTest, SessionWithAnUnknownVersionIsRefused) {
   RawSession session(stub_.get());
   v1::ClientMessage message;
