@@ -54,6 +54,51 @@ constexpr const char* kBatchNormWhy =
 constexpr const char* kQuantWhy =
     "its kernel writes the observer state for self.size(ch_axis) rows (per row) or one element";
 
+// The verdicts behind the table. Every served operator (ListServedOps) with
+// a written argument (Tensor(a!)) other than `self` and a kwarg-only out=
+// (whose kernels resize it, which fails beyond the storage flagosd wraps),
+// probed with that argument smaller than the op expects (a non-resizable
+// storage of exactly its extent inside a marked buffer, ATen's CPU kernel
+// of torch 2.13.0), and the kernel source read:
+//   _cummax_helper, _cummin_helper: unsafe (values and indices written with
+//     self's sizes at their own strides; a stride of 2^31-1 segfaults).
+//   rrelu_with_noise, rrelu_with_noise_ (and .out, _functional): the kernel
+//     checks noise's sizes but writes it as data_ptr()[i]: a stride-0 noise
+//     is written beyond its extent. Rule: sizes and dense.
+//   _fused_adam_, _fused_adamw_, _fused_sgd_ (each with .tensor_lr, the
+//     functional overloads and .out, which clone the states and run the
+//     in-place kernel on the clones: a heap overflow in flagosd): unsafe
+//     (exp_avgs, exp_avg_sqs, momentum_buffer_list written for
+//     param.numel() elements; stride-0 states too).
+//   _fused_adagrad_ (and its overloads): grads read for param.numel()
+//     elements (a read of another session's memory). Same rules.
+//   _amp_update_scale_, _amp_foreach_non_finite_check_and_unscale_ (and
+//     .out): safe (every scalar tensor's numel is checked to be 1).
+//   _native_batch_norm_legit, _batch_norm_with_update (and .out), and
+//     native_batch_norm, batch_norm_update_stats, whose schemas do not mark
+//     running_mean/running_var written but whose kernels write them: unsafe
+//     (written for input.size(1) channels in training, read in evaluation);
+//     the other batch norm overloads with CPU or composite kernels share
+//     the rule.
+//   _fused_moving_avg_obs_fq_helper (and .out, _functional, and the
+//     composite fused_moving_avg_obs_fake_quant): unsafe (per row, the
+//     observer state written for self.size(ch_axis) rows).
+//   fbgemm_linear_fp16_weight.out, ..._fp32_activation.out: safe (the output
+//     is resized, which fails beyond the wrapped storage).
+//   _flash_attention_forward_no_dropout_inplace: no CPU kernel (refused by
+//     the dispatcher, UNIMPLEMENTED).
+//   _no_grad_*_, _set_item, update, mul_.t, sort.*: TorchScript builtins, not
+//     in the dispatcher (register_op: NOT_FOUND).
+// Ops writing only `self` write it by its own sizes and strides or check
+// the other arguments against it (TensorIterator, index bounds, source
+// numel): probed index_copy_, index_fill_, index_reduce_, index_put_,
+// put_, scatter_, masked_scatter_, embedding_renorm_, addmm_, fill_diagonal_,
+// cumsum_, renorm_, _foreach_add_, _foreach_copy_ (all refused or within
+// self); resize_, set_.source_Tensor_storage_offset and as_strided_ fail
+// on the wrapped storage. The exceptions, _sobol_engine_ff_,
+// _sobol_engine_scramble_, _sobol_engine_initialize_state_ (and
+// _sobol_engine_draw, which reads beyond sobolstate), index by int
+// arguments and are refused at register_op (op_runner.cc CheckServable).
 const std::vector<OpArgumentRules>& Table() {
   static const auto* const table = [] {
     auto* rules = new std::vector<OpArgumentRules>{
@@ -206,7 +251,8 @@ absl::StatusOr<BoundArgumentRules> BoundArgumentRules::Bind(
   for (const ArgumentRule& rule : rules) {
     Bound b{rule, rule.kind, index_of(rule.argument), index_of(rule.reference),
             index_of(rule.dim_argument), index_of(rule.flag_argument)};
-    if (b.argument < 0) continue;  // this overload does not have it
+    // This overload does not have it, or has it as an out= argument.
+    if (b.argument < 0 || arguments[b.argument].is_out) continue;
     const bool needs_reference = rule.kind != K::kDense && rule.kind != K::kOneElement;
     if ((needs_reference && b.reference < 0) ||
         (rule.kind == K::kPerRowOrOne && (b.dim_argument < 0 || b.flag_argument < 0))) {

@@ -92,12 +92,16 @@ struct SchemaArgument {
   std::string name;
   // The default of an int or bool argument (a call may leave it out).
   std::optional<int64_t> int_default;
+  // A kwarg-only out= argument: its kernel resizes it (on scratch memory,
+  // op_runner.h), so no rule binds it.
+  bool is_out = false;
 };
 
 // An op's rules bound to one overload's argument positions.
 class BoundArgumentRules {
  public:
-  // Binds the rules whose `argument` the overload has. INTERNAL when a
+  // Binds the rules whose `argument` the overload has (and is not an out=
+  // argument). INTERNAL when a
   // bound rule names a reference, dim or flag argument the schema lacks
   // (a mistake in the table).
   static absl::StatusOr<BoundArgumentRules> Bind(absl::Span<const ArgumentRule> rules,

@@ -178,7 +178,7 @@ absl::StatusOr<BoundArgumentRules> BindArgumentRules(const c10::FunctionSchema& 
   if (rules == nullptr) return BoundArgumentRules();
   std::vector<SchemaArgument> arguments;
   for (const c10::Argument& a : schema.arguments()) {
-    SchemaArgument argument{a.name(), std::nullopt};
+    SchemaArgument argument{a.name(), std::nullopt, a.is_out()};
     if (a.default_value().has_value()) {
       const c10::IValue& d = *a.default_value();
       if (d.isInt()) argument.int_default = d.toInt();
