@@ -19,8 +19,9 @@
 // it names (an overload without it is not bound by it). An argument that is
 // None or an undefined tensor passes (the kernel does not touch it).
 //
-// The verdicts behind the table, op by op, are in
-// docs/reference/served-operators.md ("Checked before the kernel runs").
+// The table and the verdicts behind it, op by op, are in
+// op_argument_rule_table.cc; docs/reference/served-operators.md ("Checked
+// before the kernel runs") lists every overload with its rules.
 //
 // No ATen, no state: everything here is a function of its arguments.
 #ifndef FLAGOS_DAEMON_OP_ARGUMENT_RULES_H_
