@@ -60,17 +60,30 @@ def test_batch_norm_and_its_running_statistics_match_the_cpu(training: bool) -> 
     torch.testing.assert_close(fl_var.cpu(), var)
 
 
-def test_batch_norm_backward_matches_the_cpu() -> None:
-    x = rand(4, 3, 6)
-    module = torch.nn.BatchNorm1d(3)
-    fl_module = torch.nn.BatchNorm1d(3).to(FL)
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("track", [True, False], ids=["running-stats", "no-running-stats"])
+@pytest.mark.parametrize("shape", [(4, 3), (4, 3, 6)])
+def test_batch_norm_backward_matches_the_cpu(train: bool, track: bool, shape) -> None:
+    x = rand(*shape)
+    module = torch.nn.BatchNorm1d(3, track_running_stats=track).train(train)
+    fl_module = torch.nn.BatchNorm1d(3, track_running_stats=track).to(FL).train(train)
     fl_x = x.to(FL).requires_grad_()
     x.requires_grad_()
     module(x).square().sum().backward()
     fl_module(fl_x).square().sum().backward()
     torch.testing.assert_close(fl_x.grad.cpu(), x.grad)
     torch.testing.assert_close(fl_module.weight.grad.cpu(), module.weight.grad)
-    torch.testing.assert_close(fl_module.running_mean.cpu(), module.running_mean)
+    if track:
+        torch.testing.assert_close(fl_module.running_mean.cpu(), module.running_mean)
+        torch.testing.assert_close(fl_module.running_var.cpu(), module.running_var)
+
+
+def test_channels_last_batch_norm_matches_the_cpu() -> None:
+    x = rand(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    module = torch.nn.BatchNorm2d(3)
+    fl_module = torch.nn.BatchNorm2d(3).to(FL)
+    torch.testing.assert_close(fl_module(x.to(FL)).cpu(), module(x))
+    torch.testing.assert_close(fl_module.running_var.cpu(), module.running_var)
 
 
 @pytest.mark.parametrize(
