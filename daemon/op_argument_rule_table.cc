@@ -43,7 +43,8 @@ std::vector<ArgumentRule> QuantParamRules() {
 }
 
 constexpr const char* kCumWhy =
-    "tensor_dim_apply3 writes values and indices with self's sizes at their own strides";
+    "tensor_dim_apply3 writes values and indices with self's sizes at their own strides, and "
+    "walks every dimension but `dim` unwrapped (a negative dim runs off the tensors)";
 constexpr const char* kRreluWhy =
     "its kernel writes noise as noise.data_ptr()[i] for i < self.numel()";
 constexpr const char* kAdamWhy =
@@ -61,7 +62,9 @@ constexpr const char* kQuantWhy =
 // storage of exactly its extent inside a marked buffer, ATen's CPU kernel
 // of torch 2.13.0), and the kernel source read:
 //   _cummax_helper, _cummin_helper: unsafe (values and indices written with
-//     self's sizes at their own strides; a stride of 2^31-1 segfaults).
+//     self's sizes at their own strides; a stride of 2^31-1 segfaults; a
+//     negative dim, which the kernel does not wrap, corrupts the heap even
+//     with tensors of one shape). Rule: sizes, and 0 <= dim < self.dim().
 //   rrelu_with_noise, rrelu_with_noise_ (and .out, _functional): the kernel
 //     checks noise's sizes but writes it as data_ptr()[i]: a stride-0 noise
 //     is written beyond its extent. Rule: sizes and dense.
@@ -103,10 +106,14 @@ const std::vector<OpArgumentRules>& Table() {
   static const auto* const table = [] {
     auto* rules = new std::vector<OpArgumentRules>{
         {"aten::_cummax_helper",
-         {{K::kSameSizes, "values", "self"}, {K::kSameSizes, "indices", "self"}},
+         {{K::kSameSizes, "values", "self"},
+          {K::kSameSizes, "indices", "self"},
+          {K::kDimensionOf, "dim", "self"}},
          kCumWhy},
         {"aten::_cummin_helper",
-         {{K::kSameSizes, "values", "self"}, {K::kSameSizes, "indices", "self"}},
+         {{K::kSameSizes, "values", "self"},
+          {K::kSameSizes, "indices", "self"},
+          {K::kDimensionOf, "dim", "self"}},
          kCumWhy},
         {"aten::rrelu_with_noise", {{K::kSameSizes, "noise", "self"}, {K::kDense, "noise"}},
          kRreluWhy},

@@ -81,6 +81,9 @@ std::string DescribeRules(absl::Span<const ArgumentRule> rules) {
         break;
       case K::kDense: parts.push_back(absl::StrCat(rule.argument, ": dense")); break;
       case K::kOneElement: parts.push_back(absl::StrCat(rule.argument, ": one element")); break;
+      case K::kDimensionOf:
+        parts.push_back(absl::StrCat(rule.argument, ": 0 .. ", rule.reference, ".dim() - 1"));
+        break;
     }
   }
   return absl::StrJoin(parts, "; ");
@@ -144,6 +147,23 @@ absl::Status BoundArgumentRules::Check(const v1::OpCall& call, absl::string_view
         "op's schema documents)"));
   };
   for (const Bound& rule : bound_) {
+    if (rule.kind == K::kDimensionOf) {
+      const v1::Value* reference = value_at(rule.reference);
+      std::optional<TensorFacts> facts =
+          reference == nullptr ? std::nullopt : FactsOf(*reference);
+      const std::optional<int64_t> dim = int_at(rule.argument);
+      if (!facts.has_value() || !dim.has_value()) continue;  // left to decoding
+      const int64_t rank = static_cast<int64_t>(facts->sizes.size());
+      if (*dim < 0 || *dim >= rank) {
+        return refuse(rule.argument, -1,
+                      rank == 0 ? absl::StrCat("be a dimension of ", where(rule.reference),
+                                               ", which has none")
+                                : absl::StrCat("be a dimension of ", where(rule.reference), " (0..",
+                                               rank - 1, ", not wrapped)"),
+                      absl::StrCat("is ", *dim));
+      }
+      continue;
+    }
     const v1::Value* value = value_at(rule.argument);
     if (value == nullptr) continue;  // left out: its default (None)
     const std::vector<const v1::Value*> elements = Elements(*value);

@@ -62,12 +62,15 @@ enum class ArgumentRuleKind {
   kDense,
   // `argument` has exactly one element (a scalar read through data_ptr).
   kOneElement,
+  // The int `argument` is a dimension of `reference`, 0 <= it < its rank
+  // (the kernel neither wraps a negative one nor checks it).
+  kDimensionOf,
 };
 
 struct ArgumentRule {
   ArgumentRuleKind kind;
   const char* argument;
-  const char* reference = nullptr;      // kSameSizes, kChannels*, kPerRowOrOne
+  const char* reference = nullptr;      // kSameSizes, kChannels*, kPerRowOrOne, kDimensionOf
   const char* dim_argument = nullptr;   // kPerRowOrOne: an int argument
   const char* flag_argument = nullptr;  // kPerRowOrOne: a bool argument
 };

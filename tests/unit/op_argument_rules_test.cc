@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace flagos::daemon {
 namespace {
@@ -97,6 +98,30 @@ TEST(OpArgumentRulesTest, SameSizesNamesTheArgumentTheExpectedAndTheGivenSizes) 
   EXPECT_TRUE(absl::StartsWith(s.message(),
                                "aten::_cummax_helper: argument 'values' (#1) must have the sizes "
                                "of argument 'self' (#0), [2], but has sizes [1]; "))
+      << s;
+}
+
+TEST(OpArgumentRulesTest, ADimensionMustBeInRangeAndNotNegative) {
+  const BoundArgumentRules rules =
+      Bound("aten::_cummin_helper", Arguments({"self", "values", "indices", "dim"}));
+  const auto call = [](int64_t dim) {
+    return Call({T(Ref({2, 3})), T(Ref({2, 3})), T(Ref({2, 3})), I(dim)});
+  };
+  EXPECT_TRUE(rules.Check(call(0), "op").ok());
+  EXPECT_TRUE(rules.Check(call(1), "op").ok());
+  for (int64_t dim : {-1, 2}) {
+    const absl::Status s = rules.Check(call(dim), "op");
+    EXPECT_TRUE(absl::StartsWith(s.message(),
+                                 absl::StrCat("op: argument 'dim' (#3) must be a dimension of "
+                                              "argument 'self' (#0) (0..1, not wrapped), but is ",
+                                              dim)))
+        << s;
+  }
+  const absl::Status s =
+      rules.Check(Call({T(Ref({})), T(Ref({})), T(Ref({})), I(0)}), "op");
+  EXPECT_TRUE(absl::StartsWith(s.message(),
+                               "op: argument 'dim' (#3) must be a dimension of argument 'self' "
+                               "(#0), which has none, but is 0"))
       << s;
 }
 

@@ -628,6 +628,34 @@ TEST_F(ServerTest, AHugeStrideOnAMutatedArgumentIsRefusedNotCrashed) {
   EXPECT_EQ(other.Call(CopyFrom(other.AllocateOk(16), 16)).code(), 0);
 }
 
+// _cummax_helper's kernel walks every dimension but `dim` without wrapping
+// it: a negative dim corrupted flagosd's heap even with tensors of one
+// shape. It must be a dimension of self, 0 <= dim < self.dim().
+TEST_F(ServerTest, AnUnwrappedDimensionOfACumulativeHelperIsRefused) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(4096);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      CopyTo(addr, FloatBytes({3, 1, 2, 6, 5, 4})),
+      RegisterOp(1, "aten::_cummax_helper", ""),
+      Op(1, {TensorValue(Ref(addr, {2, 3})), TensorValue(Ref(addr + 64, {2, 3})),
+             TensorValue(Ref(addr + 128, {2, 3}, kLong)), IntValue(-1)},
+         {}),
+      Op(1, {TensorValue(Ref(addr, {2, 3})), TensorValue(Ref(addr + 64, {2, 3})),
+             TensorValue(Ref(addr + 128, {2, 3}, kLong)), IntValue(1)},
+         {}),
+  });
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(errors[0].message(),
+                                "aten::_cummax_helper: argument 'dim' (#3) must be a dimension of "
+                                "argument 'self' (#0) (0..1, not wrapped), but is -1"))
+      << errors[0].message();
+  // dim 1, in range, ran: the running maximum of each row.
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 64, 24)).data()),
+            (std::vector<float>{3, 3, 3, 6, 6, 6}));
+}
+
 // Rules of other shapes (op_argument_rules.h): state lists of the fused
 // optimizers are dense and of their parameters' sizes; batch norm's
 // statistics have one element per channel.
