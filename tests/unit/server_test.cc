@@ -628,6 +628,30 @@ TEST_F(ServerTest, AHugeStrideOnAMutatedArgumentIsRefusedNotCrashed) {
   EXPECT_EQ(other.Call(CopyFrom(other.AllocateOk(16), 16)).code(), 0);
 }
 
+// torch.quasirandom.SobolEngine's kernels index their tensors by int
+// arguments (_sobol_engine_ff_ writes quasi[j] for j < dimension): no
+// argument rule bounds them, and torch_fl never forwards them (the engine
+// keeps its state on the CPU), so register_op refuses them.
+TEST_F(ServerTest, SobolEngineKernelsAreRefusedAtRegisterOp) {
+  RawSession session(stub_.get());
+  session.Open();
+  const char* names[] = {"aten::_sobol_engine_ff_", "aten::_sobol_engine_scramble_",
+                         "aten::_sobol_engine_initialize_state_", "aten::_sobol_engine_draw"};
+  std::vector<v1::Command> commands;
+  for (int i = 0; i < 4; ++i) commands.push_back(RegisterOp(i + 1, names[i], ""));
+  std::vector<v1::Completion> errors = session.RunAndSync(std::move(commands));
+  ASSERT_EQ(errors.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(errors[i].code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+    EXPECT_TRUE(absl::StrContains(
+        errors[i].message(),
+        absl::StrCat("register_op ", names[i],
+                     ": flagosd does not run this operator: its kernel indexes its tensors by "
+                     "its int arguments")))
+        << errors[i].message();
+  }
+}
+
 // _cummax_helper's kernel walks every dimension but `dim` without wrapping
 // it: a negative dim corrupted flagosd's heap even with tensors of one
 // shape. It must be a dimension of self, 0 <= dim < self.dim().
