@@ -92,13 +92,22 @@ constexpr const char* kQuantWhy =
 //     the dispatcher, UNIMPLEMENTED).
 //   _no_grad_*_, _set_item, update, mul_.t, sort.*: TorchScript builtins, not
 //     in the dispatcher (register_op: NOT_FOUND).
-// Ops writing only `self` write it by its own sizes and strides or check
-// the other arguments against it (TensorIterator, index bounds, source
-// numel): probed index_copy_, index_fill_, index_reduce_, index_put_,
-// put_, scatter_, masked_scatter_, embedding_renorm_, addmm_, fill_diagonal_,
-// cumsum_, renorm_, _foreach_add_, _foreach_copy_ (all refused or within
-// self); resize_, set_.source_Tensor_storage_offset and as_strided_ fail
-// on the wrapped storage. The exceptions, _sobol_engine_ff_,
+// Ops writing only `self` (370 overloads) write it by its own sizes and
+// strides or check the other arguments against it (TensorIterator's
+// in-place shape check, index bounds, source numel), probed with a small
+// self and larger or out-of-range others: copy_, add_, addcmul_, lerp_,
+// masked_fill_, masked_scatter_, bernoulli_.Tensor, index_copy_,
+// index_fill_, index_add_, index_reduce_, index_put_ and _index_put_impl_
+// (accumulating too), put_, scatter_, scatter_add_, scatter_reduce_,
+// embedding_renorm_, addmm_, addmv_, addr_, addbmm_, baddbmm_, renorm_,
+// _foreach_add_, _foreach_copy_, _foreach_addcmul_, _foreach_lerp_ (all
+// refused or within self), fill_diagonal_, cumsum_, cumprod_, triu_, logit_,
+// random_, normal_, squeeze_, unsqueeze_, transpose_ (within self);
+// resize_, resize_as_, set_.source_Tensor_storage_offset and as_strided_
+// fail on the wrapped storage (set_.source_Tensor stays within its source).
+// _philox_uniform_, _philox_normal_, _fill_mem_eff_dropout_mask_,
+// _mkldnn_transpose_, _coalesced_, copy_sparse_to_sparse_ and the
+// sparse_resize_ ops have no CPU kernel for dense tensors. The exceptions, _sobol_engine_ff_,
 // _sobol_engine_scramble_, _sobol_engine_initialize_state_ (and
 // _sobol_engine_draw, which reads beyond sobolstate), index by int
 // arguments and are refused at register_op (op_runner.cc CheckServable).
