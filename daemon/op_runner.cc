@@ -35,6 +35,7 @@
 #include "flagos/op_executor.h"
 #include "host_mirror.h"
 #include "logging.h"
+#include "op_argument_rules.h"
 #include "op_host_budget.h"
 #include "op_limits.h"
 #include "op_routes.h"
@@ -132,6 +133,8 @@ absl::Status CheckEnumValue(TypeKind kind, int64_t v) {
 //     the client and never forwards one;
 //   - ops that reach the host beyond device memory: files (aten::from_file
 //     reads and creates them as the daemon's user);
+//   - ops whose kernels index their tensors by int arguments no rule of
+//     op_argument_rules.h can bound (aten::_sobol_engine_*);
 //   - ops taking raw storages, whose memory the daemon cannot check;
 //   - ops outside ATen's namespace: distributed (c10d, symm_mem: networks,
 //     other processes' memory), profiler, backend-specific and test ops,
@@ -152,6 +155,13 @@ absl::Status CheckServable(const c10::FunctionSchema& schema, const std::string&
     }
   }
   if (schema.name() == "aten::from_file") return refused("it reads and creates host files");
+  if (absl::StartsWith(schema.name(), "aten::_sobol_engine_")) {
+    // The state of torch.quasirandom.SobolEngine, which lives on the CPU
+    // whatever the device: torch_fl never forwards these.
+    return refused(
+        "its kernel indexes its tensors by its int arguments (dimension, num_generated) "
+        "without checking their sizes; torch.quasirandom.SobolEngine keeps them on the CPU");
+  }
   for (const c10::Argument& a : schema.arguments()) {
     TypePtr type = a.real_type();
     if (type->kind() == TypeKind::OptionalType) type = type->containedType(0);
@@ -160,6 +170,23 @@ absl::Status CheckServable(const c10::FunctionSchema& schema, const std::string&
     }
   }
   return absl::OkStatus();
+}
+
+// The rules of op_argument_rules.h for `schema`'s op, bound to its arguments.
+absl::StatusOr<BoundArgumentRules> BindArgumentRules(const c10::FunctionSchema& schema) {
+  const OpArgumentRules* rules = FindOpArgumentRules(schema.name());
+  if (rules == nullptr) return BoundArgumentRules();
+  std::vector<SchemaArgument> arguments;
+  for (const c10::Argument& a : schema.arguments()) {
+    SchemaArgument argument{a.name(), std::nullopt, a.is_out()};
+    if (a.default_value().has_value()) {
+      const c10::IValue& d = *a.default_value();
+      if (d.isInt()) argument.int_default = d.toInt();
+      if (d.isBool()) argument.int_default = d.toBool() ? 1 : 0;
+    }
+    arguments.push_back(std::move(argument));
+  }
+  return BoundArgumentRules::Bind(rules->rules, arguments);
 }
 
 // The reason alone of a CheckServable refusal.
@@ -587,14 +614,18 @@ class CallContext {
           if (writing_) mirror_->MarkWritten(extent->begin, extent->nbytes);
         }
       } else {
-        WrappedTensorCache::Slot slot = WrappedTensorCache::Find(&backend_, ref.device(),
-                                                                 extent->begin, sizes, strides,
-                                                                 dtype);
+        // An empty tensor is wrapped over no memory (address 0), never the
+        // address the client sent: its range is not checked (it spans no
+        // bytes), so a kernel that touches data_ptr() of an empty tensor
+        // anyway must not reach memory the session does not own.
+        const uint64_t addr = extent->numel == 0 ? 0 : extent->begin;
+        WrappedTensorCache::Slot slot =
+            WrappedTensorCache::Find(&backend_, ref.device(), addr, sizes, strides, dtype);
         if (slot.hit) {
           tensor = *slot.tensor;
         } else {
-          tensor = backend_.native_executor()->WrapDeviceMemory(ref.device(), extent->begin,
-                                                                sizes, strides, dtype);
+          tensor = backend_.native_executor()->WrapDeviceMemory(ref.device(), addr, sizes,
+                                                                strides, dtype);
           slot.Keep(tensor);
         }
       }
@@ -979,8 +1010,13 @@ std::optional<c10::OperatorHandle> FindOutVariant(const c10::OperatorHandle& op)
 }
 
 struct RegisteredOp {
-  RegisteredOp(const c10::OperatorHandle& handle, std::string name, OpRoute route)
-      : handle(handle), name(std::move(name)), route(route), out_variant(FindOutVariant(handle)) {
+  RegisteredOp(const c10::OperatorHandle& handle, std::string name, OpRoute route,
+               BoundArgumentRules rules)
+      : handle(handle),
+        name(std::move(name)),
+        route(route),
+        rules(std::move(rules)),
+        out_variant(FindOutVariant(handle)) {
     for (const c10::Argument& argument : handle.schema().arguments()) {
       has_out_arguments |= argument.is_out();
     }
@@ -990,6 +1026,8 @@ struct RegisteredOp {
   // "aten::add.Tensor": errors name the op so.
   std::string name;
   OpRoute route;
+  // What its kernel assumes of its arguments' sizes (op_argument_rules.h).
+  BoundArgumentRules rules;
   bool has_out_arguments = false;
   // The out= overload that writes the results straight into the client's
   // output tensors; unset once it failed where the functional op did not
@@ -1071,9 +1109,12 @@ class OpRunnerImpl final : public OpRunner {
       return s;
     }
     if (absl::Status s = CheckServable(handle->schema(), full_name); !s.ok()) return s;
+    absl::StatusOr<BoundArgumentRules> rules = BindArgumentRules(handle->schema());
+    if (!rules.ok()) return rules.status();
     std::string registered_name = OpName(handle->operator_name());
     const OpRoute route = backend_.routes().RouteOf(registered_name);
-    auto registered = std::make_unique<RegisteredOp>(*handle, std::move(registered_name), route);
+    auto registered = std::make_unique<RegisteredOp>(*handle, std::move(registered_name), route,
+                                                     *std::move(rules));
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = ops_.try_emplace(op_id, std::move(registered));
     if (!inserted) {
@@ -1186,6 +1227,10 @@ class OpRunnerImpl final : public OpRunner {
     if (const OpCallElements elements = CountOpCallElements(call);
         elements.total > limits_.max_elements) {
       return TooManyElements(op_name, arguments, elements);
+    }
+    // Before any kernel: arguments whose kernel trusts their sizes have them.
+    if (!registered->rules.empty()) {
+      if (absl::Status s = registered->rules.Check(call, op_name); !s.ok()) return s;
     }
     // cpu_fallback: the device memory the call names is copied to the host
     // first (and written back at the end).
@@ -1437,7 +1482,13 @@ std::string ListServedOps() {
     if (!handle.has_value()) continue;  // a name without a schema registered yet
     const std::string full_name = OpName(name);
     const absl::Status servable = CheckServable(handle->schema(), full_name);
-    if (servable.ok()) {
+    absl::StatusOr<BoundArgumentRules> rules = BindArgumentRules(handle->schema());
+    if (servable.ok() && (!rules.ok() || !rules->empty())) {
+      // Served, with the argument rules checked before its kernel runs.
+      lines.push_back(absl::StrCat(full_name, "\tserved\t",
+                                   rules.ok() ? rules->Describe()
+                                              : std::string(rules.status().message())));
+    } else if (servable.ok()) {
       lines.push_back(absl::StrCat(full_name, "\tserved"));
     } else {
       lines.push_back(absl::StrCat(full_name, "\trefused\t", ServableReason(servable)));

@@ -75,7 +75,8 @@ class OpRunner {
   // INVALID_ARGUMENT for op id 0, >= 2^31 or already registered; NOT_FOUND
   // when no such operator exists in this flagosd's torch;
   // FAILED_PRECONDITION when the schemas differ; PERMISSION_DENIED for an
-  // operator flagosd does not serve.
+  // operator flagosd does not serve. The op's argument rules
+  // (op_argument_rules.h) are bound to its schema here.
   virtual absl::Status Register(uint32_t op_id, const std::string& name,
                                 const std::string& overload, const std::string& schema,
                                 const std::string& client_torch_version) = 0;
@@ -84,7 +85,10 @@ class OpRunner {
   // (Backend::routes(): native kernels, or cpu_fallback: operands copied
   // to the host, ATen's CPU kernel, results copied back; the host copies
   // are released once the stream has run the copies back). Every tensor's
-  // range goes through `check` before use. Fills `completion->values` as
+  // range goes through `check` before use, and before anything is decoded
+  // the call must satisfy its op's argument rules (op_argument_rules.h:
+  // INVALID_ARGUMENT naming the argument otherwise). A tensor of no
+  // elements reaches the kernel over no memory, not the address sent. Fills `completion->values` as
   // described above; values are complete when Run returns. Errors name the
   // op.
   virtual absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call,

@@ -565,6 +565,220 @@ TEST_F(ServerTest, ViewsFilesAndStoragesAreRefusedAtRegisterOp) {
   EXPECT_EQ(Floats(session.Call(CopyFrom(addr, 16)).data()), (std::vector<float>{2, 4, 6, 8}));
 }
 
+// Issue 10, finding 2: aten::_cummax_helper writes self.size(dim) elements
+// at values' stride. A one-element `values` (its own extent: 4 bytes of the
+// attacker's segment) with a stride reaching another session's segment
+// would write there; the daemon checks values' and indices' sizes against
+// self's before the kernel runs.
+TEST_F(ServerTest, AKernelCannotWriteThroughAMutatedArgumentIntoAnotherSession) {
+  RawSession first(stub_.get());
+  first.Open("first");
+  RawSession second(stub_.get());
+  second.Open("second");
+  const uint64_t first_addr = first.AllocateOk(4096);
+  const uint64_t second_addr = second.AllocateOk(4096);
+  // Strides are never negative: the session at the lower address attacks.
+  const bool first_attacks = first_addr < second_addr;
+  RawSession& a = first_attacks ? first : second;
+  RawSession& b = first_attacks ? second : first;
+  const uint64_t a_addr = std::min(first_addr, second_addr);
+  const uint64_t b_addr = std::max(first_addr, second_addr);
+  ASSERT_EQ((b_addr - a_addr) % sizeof(float), 0u);
+  const std::string marker = FloatBytes({7, 7, 7, 7});
+  ASSERT_TRUE(b.RunAndSync({CopyTo(b_addr, marker)}).empty());
+
+  const v1::TensorRef self = Ref(a_addr, {2});
+  v1::TensorRef values = Ref(a_addr + 64, {1});
+  values.set_strides(0, static_cast<int64_t>((b_addr - a_addr - 64) / sizeof(float)));
+  const v1::TensorRef indices = Ref(a_addr + 128, {2}, kLong);
+  std::vector<v1::Completion> errors = a.RunAndSync({
+      CopyTo(a_addr, FloatBytes({1, 2})),
+      RegisterOp(1, "aten::_cummax_helper", ""),
+      Op(1, {TensorValue(self), TensorValue(values), TensorValue(indices), IntValue(0)}, {}),
+  });
+  EXPECT_EQ(errors.size(), 1u);
+  for (const v1::Completion& e : errors) {
+    EXPECT_EQ(e.code(), kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(
+        e.message(),
+        "aten::_cummax_helper: argument 'values' (#1) must have the sizes of argument 'self' "
+        "(#0), [2], but has sizes [1]"))
+        << e.message();
+  }
+  EXPECT_EQ(Floats(b.Call(CopyFrom(b_addr, marker.size())).data()),
+            (std::vector<float>{7, 7, 7, 7}))
+      << "the kernel wrote into the other session's segment";
+
+  // The same op with arguments of the right sizes runs, in the same session.
+  errors = a.RunAndSync({Op(1,
+                            {TensorValue(self), TensorValue(Ref(a_addr + 64, {2})),
+                             TensorValue(indices), IntValue(0)},
+                            {})});
+  for (const v1::Completion& e : errors) ADD_FAILURE() << e.message();
+  EXPECT_EQ(Floats(a.Call(CopyFrom(a_addr + 64, 8)).data()), (std::vector<float>{1, 2}));
+  EXPECT_EQ(b.Call(CopyFrom(b_addr, marker.size())).data(), marker);
+
+  // The daemon is alive and serves another client.
+  RawSession other(stub_.get());
+  other.Open("other");
+  const uint64_t addr = other.AllocateOk(16);
+  EXPECT_TRUE(other
+                  .RunAndSync({CopyTo(addr, FloatBytes({1, 2, 3, 4})),
+                               RegisterOp(1, "aten::mul_", "Scalar"),
+                               Op(1, {TensorValue(Ref(addr, {4})), DoubleValue(2)}, {})})
+                  .empty());
+  EXPECT_EQ(Floats(other.Call(CopyFrom(addr, 16)).data()), (std::vector<float>{2, 4, 6, 8}));
+}
+
+// Issue 10, crash 5: _cummax_helper with a values stride of 2^31-1 wrote
+// 8 GiB past values (a segfault). A one-element values is refused by its
+// sizes; one of self's sizes with that stride spans beyond the segment.
+TEST_F(ServerTest, AHugeStrideOnAMutatedArgumentIsRefusedNotCrashed) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(4096);
+  const std::string marker = FloatBytes({7, 7, 7, 7});
+  constexpr int64_t kStride = (int64_t{1} << 31) - 1;
+  v1::TensorRef one = Ref(addr + 64, {1});
+  one.set_strides(0, kStride);
+  v1::TensorRef two = Ref(addr + 64, {2});
+  two.set_strides(0, kStride);
+  const v1::TensorRef self = Ref(addr, {2});
+  const v1::TensorRef indices = Ref(addr + 128, {2}, kLong);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      CopyTo(addr, FloatBytes({1, 2})),
+      CopyTo(addr + 256, marker),
+      RegisterOp(1, "aten::_cummin_helper", ""),
+      Op(1, {TensorValue(self), TensorValue(one), TensorValue(indices), IntValue(0)}, {}),
+      Op(1, {TensorValue(self), TensorValue(two), TensorValue(indices), IntValue(0)}, {}),
+      Op(1, {TensorValue(self), TensorValue(Ref(addr + 64, {2})), TensorValue(one), IntValue(0)},
+         {}),
+  });
+  ASSERT_EQ(errors.size(), 3u);
+  for (const v1::Completion& e : errors) EXPECT_EQ(e.code(), kInvalidArgument) << e.message();
+  EXPECT_TRUE(absl::StrContains(
+      errors[0].message(),
+      "aten::_cummin_helper: argument 'values' (#1) must have the sizes of argument 'self' "
+      "(#0), [2], but has sizes [1]"))
+      << errors[0].message();
+  EXPECT_TRUE(absl::StrContains(errors[1].message(), "outside this session's segments"))
+      << errors[1].message();
+  EXPECT_TRUE(absl::StrContains(
+      errors[2].message(),
+      "aten::_cummin_helper: argument 'indices' (#2) must have the sizes of argument 'self' "
+      "(#0), [2], but has sizes [1]"))
+      << errors[2].message();
+  EXPECT_EQ(session.Call(CopyFrom(addr + 256, marker.size())).data(), marker);
+  RawSession other(stub_.get());
+  other.Open("other");
+  EXPECT_EQ(other.Call(CopyFrom(other.AllocateOk(16), 16)).code(), 0);
+}
+
+// torch.quasirandom.SobolEngine's kernels index their tensors by int
+// arguments (_sobol_engine_ff_ writes quasi[j] for j < dimension): no
+// argument rule bounds them, and torch_fl never forwards them (the engine
+// keeps its state on the CPU), so register_op refuses them.
+TEST_F(ServerTest, SobolEngineKernelsAreRefusedAtRegisterOp) {
+  RawSession session(stub_.get());
+  session.Open();
+  const char* names[] = {"aten::_sobol_engine_ff_", "aten::_sobol_engine_scramble_",
+                         "aten::_sobol_engine_initialize_state_", "aten::_sobol_engine_draw"};
+  std::vector<v1::Command> commands;
+  for (int i = 0; i < 4; ++i) commands.push_back(RegisterOp(i + 1, names[i], ""));
+  std::vector<v1::Completion> errors = session.RunAndSync(std::move(commands));
+  ASSERT_EQ(errors.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(errors[i].code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+    EXPECT_TRUE(absl::StrContains(
+        errors[i].message(),
+        absl::StrCat("register_op ", names[i],
+                     ": flagosd does not run this operator: its kernel indexes its tensors by "
+                     "its int arguments")))
+        << errors[i].message();
+  }
+}
+
+// _cummax_helper's kernel walks every dimension but `dim` without wrapping
+// it: a negative dim corrupted flagosd's heap even with tensors of one
+// shape. It must be a dimension of self, 0 <= dim < self.dim().
+TEST_F(ServerTest, AnUnwrappedDimensionOfACumulativeHelperIsRefused) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(4096);
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      CopyTo(addr, FloatBytes({3, 1, 2, 6, 5, 4})),
+      RegisterOp(1, "aten::_cummax_helper", ""),
+      Op(1, {TensorValue(Ref(addr, {2, 3})), TensorValue(Ref(addr + 64, {2, 3})),
+             TensorValue(Ref(addr + 128, {2, 3}, kLong)), IntValue(-1)},
+         {}),
+      Op(1, {TensorValue(Ref(addr, {2, 3})), TensorValue(Ref(addr + 64, {2, 3})),
+             TensorValue(Ref(addr + 128, {2, 3}, kLong)), IntValue(1)},
+         {}),
+  });
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(errors[0].message(),
+                                "aten::_cummax_helper: argument 'dim' (#3) must be a dimension of "
+                                "argument 'self' (#0) (0..1, not wrapped), but is -1"))
+      << errors[0].message();
+  // dim 1, in range, ran: the running maximum of each row.
+  EXPECT_EQ(Floats(session.Call(CopyFrom(addr + 64, 24)).data()),
+            (std::vector<float>{3, 3, 3, 6, 6, 6}));
+}
+
+// Rules of other shapes (op_argument_rules.h): state lists of the fused
+// optimizers are dense and of their parameters' sizes; batch norm's
+// statistics have one element per channel.
+TEST_F(ServerTest, FusedOptimizerAndBatchNormStateIsCheckedAgainstItsParameters) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(4096);
+  const auto list = [](std::initializer_list<v1::TensorRef> refs) {
+    v1::Value value;
+    value.mutable_list();
+    for (const v1::TensorRef& ref : refs) *value.mutable_list()->add_values()->mutable_tensor() = ref;
+    return value;
+  };
+  v1::TensorRef broadcast = Ref(addr + 512, {16});
+  broadcast.set_strides(0, 0);
+  v1::Value momentum = DoubleValue(0.9);
+  v1::Value no;
+  no.set_b(false);
+  v1::Value yes;
+  yes.set_b(true);
+  const v1::TensorRef param = Ref(addr, {16});
+  const v1::TensorRef grad = Ref(addr + 64, {16});
+  v1::Value input = TensorValue(Ref(addr + 1024, {2, 16, 1}));
+  std::vector<v1::Completion> errors = session.RunAndSync({
+      RegisterOp(1, "aten::_fused_sgd_", ""),
+      // weight_decay, momentum, lr, dampening, nesterov, maximize, is_first_step
+      Op(1, {list({param}), list({grad}), list({Ref(addr + 128, {4})}), DoubleValue(0), momentum,
+             DoubleValue(0.1), DoubleValue(0), no, no, no},
+         {}),
+      Op(1, {list({param}), list({grad}), list({broadcast}), DoubleValue(0), momentum,
+             DoubleValue(0.1), DoubleValue(0), no, no, no},
+         {}),
+      RegisterOp(2, "aten::native_batch_norm", ""),
+      Op(2, {input, NoneValue(), NoneValue(), TensorValue(Ref(addr + 256, {1})),
+             TensorValue(Ref(addr + 320, {16})), yes, DoubleValue(0.1), DoubleValue(1e-5)},
+         {}),
+  });
+  ASSERT_EQ(errors.size(), 3u);
+  for (const v1::Completion& e : errors) EXPECT_EQ(e.code(), kInvalidArgument) << e.message();
+  EXPECT_TRUE(absl::StrContains(errors[0].message(),
+                                "aten::_fused_sgd_: argument 'momentum_buffer_list' (#2) element 0 "
+                                "must have the sizes of argument 'self' (#0), [16], but has sizes [4]"))
+      << errors[0].message();
+  EXPECT_TRUE(absl::StrContains(errors[1].message(),
+                                "aten::_fused_sgd_: argument 'momentum_buffer_list' (#2) element 0 "
+                                "must be dense"))
+      << errors[1].message();
+  EXPECT_TRUE(absl::StrContains(errors[2].message(),
+                                "aten::native_batch_norm: argument 'running_mean' (#3) must have "
+                                "sizes [16] (the channels of argument 'input' (#0))"))
+      << errors[2].message();
+}
+
 TEST_F(ServerTest, EnumArgumentsOutOfRangeAreRefusedNotCrashed) {
   RawSession session(stub_.get());
   session.Open();
