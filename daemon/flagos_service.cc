@@ -47,7 +47,9 @@ grpc::Status FlagosService::Counted(grpc::Status status) const {
 
 void FlagosService::AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const {
   const DeviceRuntime& runtime = backend_.runtime();
-  const std::vector<std::shared_ptr<daemon::Session>> sessions = registry_.Snapshot();
+  // Closing sessions still hold their segments.
+  std::vector<std::shared_ptr<daemon::Session>> sessions = registry_.Snapshot();
+  for (auto& session : registry_.Closing()) sessions.push_back(std::move(session));
   const std::vector<std::string> capabilities = runtime.capabilities().ImplementedNames();
   const std::vector<std::string> gaps = runtime.capabilities().GapDescriptions();
   for (int d = 0; d < runtime.DeviceCount(); ++d) {
@@ -110,6 +112,9 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
   response->set_backend(backend_.name());
   AddDevices(response->mutable_devices());
   for (const auto& session : registry_.Snapshot()) *response->add_sessions() = session->Info();
+  for (const auto& session : registry_.Closing()) {
+    *response->add_closing_sessions() = session->Info();
+  }
   response->set_sessions_total(registry_.sessions_total());
   response->set_daemon_version(kDaemonVersion);
   response->set_torch_version(TorchVersion());
@@ -212,13 +217,25 @@ grpc::Status FlagosService::Session(
     break;
   }
   const bool cancelled = context->IsCancelled();
-  const uint64_t commands = session->Info().commands();
-  const daemon::Session::CloseSummary summary = session->Close();
+  const auto close = [session, id = *id, pid = open.pid(), cancelled] {
+    const uint64_t commands = session->Info().commands();
+    const daemon::Session::CloseSummary summary = session->Close();
+    LogInfo(absl::StrCat("session ", id, " closed (pid ", pid, ", ",
+                         cancelled ? "cancelled" : "ended by the client", "): ", commands,
+                         " commands, freed ", summary.segments, " segments (", summary.bytes,
+                         " bytes)"));
+  };
+  if (cancelled) {
+    // The client is gone: its slot is free now, and this thread returns
+    // without waiting for a command of the session that still runs (the
+    // session, closing, frees its memory when that command returns).
+    session->Detach();
+    registry_.Retire(*id, close);
+    return Counted(end);
+  }
+  // Ended by the client: its last replies go out once what runs returned.
+  close();
   registry_.Remove(*id);
-  LogInfo(absl::StrCat("session ", *id, " closed (pid ", open.pid(), ", ",
-                       cancelled ? "cancelled" : "ended by the client", "): ", commands,
-                       " commands, freed ", summary.segments, " segments (", summary.bytes,
-                       " bytes)"));
   return Counted(end);
 }
 
