@@ -360,11 +360,12 @@ TEST_F(StagingTest, ASyncChannelClientThatDoesNotReadIsEnded) {
   auto data = other->Call(download, "copy_from_device");
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_TRUE(data->data() == std::string(4096, '\0'));
-  // The deaf session ends: only the other one is left.
+  // The deaf session ends (and, closing, frees its memory): only the other
+  // one is left.
   while (true) {
     auto stats = other->GetStats();
     ASSERT_TRUE(stats.ok()) << stats.status();
-    if (stats->sessions_size() == 1) {
+    if (stats->sessions_size() == 1 && stats->closing_sessions_size() == 0) {
       EXPECT_EQ(stats->sessions(0).id(), other->session_id());
       EXPECT_EQ(stats->devices(0).used_memory(), 4096u);
       break;
