@@ -1392,7 +1392,14 @@ void Session::StartSyncChannel(int fd) {
     close(fd);
     return;
   }
-  sync_fd_ = fd;
+  {
+    absl::MutexLock fd_lock(&sync_fd_mu_);
+    if (sync_detached_) {
+      close(fd);
+      return;
+    }
+    sync_fd_ = fd;
+  }
   sync_thread_ = std::thread(&Session::SyncLoop, this);
 }
 
@@ -1490,7 +1497,16 @@ void Session::Detach() {
     absl::MutexLock lock(&end_mu_);
     stream_gone_ = true;
   }
-  // The stream is cancelled: a write in progress fails at once.
+  {
+    // The sync channel goes with the client: its reads end and a sync send
+    // the writer has in progress fails (the client may not read). The
+    // descriptor stays open until Close. Not under dispatch_mu_, which the
+    // sync thread holds while it runs a command itself.
+    absl::MutexLock lock(&sync_fd_mu_);
+    sync_detached_ = true;
+    if (sync_fd_ >= 0) shutdown(sync_fd_, SHUT_RDWR);
+  }
+  // The stream is cancelled: a write in progress on it fails at once.
   replies_.Stop();
 }
 

@@ -363,7 +363,11 @@ class Session {
   std::atomic<uint32_t> running_{0};
 
   // The sync channel: its socket (-1: none), thread, and the seq of the
-  // command whose reply it waits for (0: none).
+  // command whose reply it waits for (0: none). sync_fd_ is set once, under
+  // dispatch_mu_ and sync_fd_mu_ (Detach takes only the latter: the sync
+  // thread holds dispatch_mu_ while a command it runs itself executes).
+  absl::Mutex sync_fd_mu_;
+  bool sync_detached_ ABSL_GUARDED_BY(sync_fd_mu_) = false;
   int sync_fd_ = -1;
   std::thread sync_thread_;
   std::atomic<uint64_t> sync_seq_{0};
