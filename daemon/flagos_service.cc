@@ -81,7 +81,9 @@ grpc::Status FlagosService::Counted(grpc::Status status) const {
 
 void FlagosService::AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const {
   const DeviceRuntime& runtime = backend_.runtime();
-  const std::vector<std::shared_ptr<daemon::Session>> sessions = registry_.Snapshot();
+  // Closing sessions still hold their segments.
+  std::vector<std::shared_ptr<daemon::Session>> sessions = registry_.Snapshot();
+  for (auto& session : registry_.Closing()) sessions.push_back(std::move(session));
   const std::vector<std::string> capabilities = runtime.capabilities().ImplementedNames();
   const std::vector<std::string> gaps = runtime.capabilities().GapDescriptions();
   for (int d = 0; d < runtime.DeviceCount(); ++d) {
@@ -144,6 +146,9 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
   response->set_backend(backend_.name());
   AddDevices(response->mutable_devices());
   for (const auto& session : registry_.Snapshot()) *response->add_sessions() = session->Info();
+  for (const auto& session : registry_.Closing()) {
+    *response->add_closing_sessions() = session->Info();
+  }
   response->set_sessions_total(registry_.sessions_total());
   response->set_daemon_version(kDaemonVersion);
   response->set_torch_version(TorchVersion());
@@ -252,16 +257,31 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
     break;
   }
   const bool cancelled = context->IsCancelled();
-  const char* const how = !end.ok() ? "ended for a protocol error"
-                          : cancelled ? "cancelled"
-                                      : "ended by the client";
-  const uint64_t commands = session->Info().commands();
-  const daemon::Session::CloseSummary summary = session->Close();
+  const std::string how =
+      cancelled ? "cancelled"
+      : end.ok() ? "ended by the client"
+                 : absl::StrCat("ended with ",
+                                absl::StatusCodeToString(
+                                    static_cast<absl::StatusCode>(end.error_code())));
+  const auto close = [session, id = *id, pid = open.pid(), how] {
+    const uint64_t commands = session->Info().commands();
+    const daemon::Session::CloseSummary summary = session->Close();
+    LogInfo(absl::StrCat("session ", id, " closed (pid ", pid, ", ", how, "): ", commands,
+                         " commands, freed ", summary.segments, " segments (", summary.bytes,
+                         " bytes)"));
+  };
+  if (cancelled) {
+    // The client is gone: its slot is free now, and this thread returns
+    // without waiting for a command of the session that still runs (the
+    // session, closing, frees its memory when that command returns).
+    session->Detach();
+    registry_.Retire(*id, close);
+    return Counted(end);
+  }
+  // Ended by the client, or for its error: its last replies and its
+  // status go out once what runs returned.
+  close();
   registry_.Remove(*id);
-  LogInfo(absl::StrCat("session ", *id, " closed (pid ", open.pid(), ", ",
-                       how, "): ", commands,
-                       " commands, freed ", summary.segments, " segments (", summary.bytes,
-                       " bytes)"));
   return Counted(end);
 }
 

@@ -103,11 +103,14 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
     out.push_back(std::move(start));
 
     const std::vector<std::shared_ptr<Session>> sessions = sessions_.Snapshot();
+    // Whose client left while a command of theirs ran: they hold their
+    // segments until it returned.
+    const std::vector<std::shared_ptr<Session>> closing = sessions_.Closing();
     const DeviceRuntime& runtime = backend_.runtime();
     MetricFamily total = Family("flagosd_device_memory_total_bytes",
                                 "Memory of the device.", MetricType::Gauge);
     MetricFamily used = Family("flagosd_device_memory_used_bytes",
-                               "Device memory held by the segments of live sessions.",
+                               "Device memory held by the segments of live and closing sessions.",
                                MetricType::Gauge);
     MetricFamily reserved = Family(
         "flagosd_device_memory_reserved_bytes",
@@ -133,6 +136,7 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
       }
       uint64_t bytes = 0;
       for (const auto& session : sessions) bytes += session->device_bytes(d);
+      for (const auto& session : closing) bytes += session->device_bytes(d);
       Add(used, static_cast<double>(bytes), {{"device", index}});
       if (absl::StatusOr<MemoryInfo> info = runtime.GetMemoryInfo(d); info.ok()) {
         Add(reserved, static_cast<double>(info->total_bytes - std::min(info->free_bytes,

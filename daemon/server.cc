@@ -170,6 +170,9 @@ void Server::Shutdown(absl::Duration grace) {
 void Server::Wait() {
   if (server_ == nullptr || waited_) return;
   server_->Wait();
+  // Sessions whose client left free their memory once their running
+  // commands returned.
+  registry_->WaitClosed();
   waited_ = true;
   metrics_endpoint_.reset();
   if (staging_ != nullptr) staging_->Stop();

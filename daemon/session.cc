@@ -79,7 +79,11 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
       activity_(activity),
       metrics_(metrics),
       grants_(grants),
-      replies_(id, std::move(write), std::move(end)),
+      replies_(id, std::move(write),
+               [this, end = std::move(end)](const absl::Status& status) {
+                 absl::MutexLock lock(&end_mu_);
+                 if (!stream_gone_) end(status);
+               }),
       pools_(std::move(pools)),
       ops_(OpRunner::Create(backend, op_limits)),
       staging_token_(NewToken()) {}
@@ -117,6 +121,7 @@ v1::SessionInfo Session::Info() const {
   }
   info.set_torch_version(torch_version_);
   info.set_command_line(command_line_);
+  info.set_running_commands(running_commands());
   {
     absl::MutexLock lock(&queues_mu_);
     info.set_streams(static_cast<uint32_t>(queues_.size()));
@@ -369,7 +374,7 @@ void Session::Dispatch(v1::Command command, bool ordered) {
         ReleaseStagedUpload(command);
         return ReplyError(seq, kind, s);
       }
-      return Enqueue(std::move(command));
+      return Enqueue(std::move(command), ordered);
     case v1::Command::kRecordEvent:
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
       return RecordEvent(std::move(command));
@@ -644,7 +649,7 @@ absl::StatusOr<Session::StreamState*> Session::QueueFor(int device, uint64_t str
   return raw;
 }
 
-void Session::Enqueue(v1::Command command) {
+void Session::Enqueue(v1::Command command, bool ordered) {
   absl::StatusOr<StreamState*> state = QueueFor(command.device(), command.stream());
   if (!state.ok()) {
     ReleaseStagedUpload(command);
@@ -684,10 +689,13 @@ void Session::Enqueue(v1::Command command) {
   }
   // The client waits for this command's reply, and its queue is idle (only
   // this thread pushes to it): run it here rather than waking a worker,
-  // which saves two thread switches on every synchronous round trip.
+  // which saves two thread switches on every synchronous round trip. Not an
+  // op that came on the session stream: its kernel may run for as long as
+  // the per-op bounds allow, and the stream's reading thread must stay free
+  // to see the client leave (Detach) meanwhile.
   const bool owes_reply = (command.has_copy_from_device() &&
                            !command.copy_from_device().has_pinned()) ||
-                          (command.has_op() && command.op().want_values());
+                          (command.has_op() && command.op().want_values() && !ordered);
   if (owes_reply && source_ready == nullptr && payload == 0 &&
       (*state)->queue->pending() == 0) {
     Execute(command, backend_stream);
@@ -1152,6 +1160,14 @@ absl::Status Session::CheckRange(const v1::Command& command, int device, uint64_
 }
 
 void Session::Execute(v1::Command& command, StreamHandle backend_stream) {
+  // The client is gone: what has not started is dropped, as Close drops
+  // what is still queued.
+  if (detached_.load(std::memory_order_acquire)) return;
+  running_.fetch_add(1, std::memory_order_relaxed);
+  struct Finished {
+    std::atomic<uint32_t>& running;
+    ~Finished() { running.fetch_sub(1, std::memory_order_relaxed); }
+  } finished{running_};
   v1::Completion completion;
   completion.set_seq(command.seq());
   bool reply = false;
@@ -1376,7 +1392,14 @@ void Session::StartSyncChannel(int fd) {
     close(fd);
     return;
   }
-  sync_fd_ = fd;
+  {
+    absl::MutexLock fd_lock(&sync_fd_mu_);
+    if (sync_detached_) {
+      close(fd);
+      return;
+    }
+    sync_fd_ = fd;
+  }
   sync_thread_ = std::thread(&Session::SyncLoop, this);
 }
 
@@ -1465,6 +1488,26 @@ absl::Status Session::DrainDefaultStream(int device) {
     drained.WaitForNotification();
   }
   return status;
+}
+
+void Session::Detach() {
+  detached_.store(true, std::memory_order_release);
+  {
+    // A worker may still post a reply that ends the stream: not after this.
+    absl::MutexLock lock(&end_mu_);
+    stream_gone_ = true;
+  }
+  {
+    // The sync channel goes with the client: its reads end and a sync send
+    // the writer has in progress fails (the client may not read). The
+    // descriptor stays open until Close. Not under dispatch_mu_, which the
+    // sync thread holds while it runs a command itself.
+    absl::MutexLock lock(&sync_fd_mu_);
+    sync_detached_ = true;
+    if (sync_fd_ >= 0) shutdown(sync_fd_, SHUT_RDWR);
+  }
+  // The stream is cancelled: a write in progress on it fails at once.
+  replies_.Stop();
 }
 
 Session::CloseSummary Session::Close() {

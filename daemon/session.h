@@ -34,10 +34,19 @@
 //
 // Close() ends the session: pending commands are dropped, queues joined,
 // backend events and streams destroyed and every segment freed. Nothing
-// outlives it.
+// outlives it. It waits for the commands running (a kernel cannot be
+// interrupted) and for the device to complete what the session issued.
+// When the client is gone (its stream cancelled, its process dead), the
+// reading thread calls Detach() instead, which waits for nothing: the
+// session stops writing to the stream and runs no command that has not
+// started, and Close() then runs on another thread (SessionRegistry::Retire)
+// while the session's slot is free already. Every segment stays held, and
+// counted, until Close() frees it: a running command may touch any of them
+// (no segment of a closing session is reused under a running kernel).
 //
-// Thread safety: HandleBatch and Close are called by the session's reading
-// thread only; Info and the accessors may be called from any thread.
+// Thread safety: HandleBatch and Detach are called by the session's reading
+// thread only, Close by it or, after Detach returned, by one other thread;
+// Info and the accessors may be called from any thread.
 // Replies are posted (from the reading thread, the sync channel's thread,
 // the queue workers and backend threads) to the session's ReplyWriter and
 // written by its thread: `write` is called from that thread only (and must
@@ -123,6 +132,13 @@ class Session {
 
   // Ends the session; idempotent.
   CloseSummary Close();
+  // The client is gone: drops the replies not yet written and writes
+  // nothing more on the stream (`write` and `end` are never called once it
+  // returned), and no command that has not started executing will; waits
+  // for no command. Close() does the rest.
+  void Detach();
+  // Commands executing now (SessionInfo.running_commands).
+  uint32_t running_commands() const { return running_.load(std::memory_order_relaxed); }
 
   uint64_t id() const { return id_; }
   int64_t pid() const { return pid_; }
@@ -207,7 +223,8 @@ class Session {
                                       bool* owned) const;
   // FAILED_PRECONDITION naming the command when the daemon shares nothing.
   absl::Status CheckSharing(const v1::Command& command) const;
-  void Enqueue(v1::Command command);
+  // `ordered` as Dispatch's: a command that came on the session stream.
+  void Enqueue(v1::Command command, bool ordered);
   // Runs on a queue worker. Issues the command's work to `backend_stream`;
   // what the work holds (upload bytes, staging chunks) is released, and a
   // download is replied, only once the device has completed it. May move
@@ -323,6 +340,10 @@ class Session {
   DeviceActivity* const activity_;
   Metrics* const metrics_;
   MemoryGrants* const grants_;
+  // The stream's EndFn is called under end_mu_ and never once Detach set
+  // stream_gone_: the stream goes away with the reading thread.
+  absl::Mutex end_mu_;
+  bool stream_gone_ ABSL_GUARDED_BY(end_mu_) = false;
   // Writes every reply (stream and sync channel); no worker blocks on the
   // client's sockets. Finished by Close before the sync fd is closed.
   ReplyWriter replies_;
@@ -334,11 +355,19 @@ class Session {
   bool has_seq_ ABSL_GUARDED_BY(dispatch_mu_) = false;
   uint64_t last_seq_ ABSL_GUARDED_BY(dispatch_mu_) = 0;
   bool sync_closing_ ABSL_GUARDED_BY(dispatch_mu_) = false;
-  // Reading thread only.
+  // Reading thread only (then the closing thread, after Detach).
   bool closed_ = false;
+  // Detach was called: commands not yet executing are skipped.
+  std::atomic<bool> detached_{false};
+  // Commands in Execute now.
+  std::atomic<uint32_t> running_{0};
 
   // The sync channel: its socket (-1: none), thread, and the seq of the
-  // command whose reply it waits for (0: none).
+  // command whose reply it waits for (0: none). sync_fd_ is set once, under
+  // dispatch_mu_ and sync_fd_mu_ (Detach takes only the latter: the sync
+  // thread holds dispatch_mu_ while a command it runs itself executes).
+  absl::Mutex sync_fd_mu_;
+  bool sync_detached_ ABSL_GUARDED_BY(sync_fd_mu_) = false;
   int sync_fd_ = -1;
   std::thread sync_thread_;
   std::atomic<uint64_t> sync_seq_{0};

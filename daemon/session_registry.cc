@@ -17,6 +17,16 @@ absl::StatusOr<uint64_t> SessionRegistry::Admit(std::function<void()> cancel) {
         " sessions, its limit; end other sessions or start flagosd with a larger "
         "--max-sessions"));
   }
+  // A closing session may still run a command (on its sync channel's thread
+  // too): bounding them bounds the commands and threads that sessions of
+  // clients that left still hold.
+  if (closing_.size() >= max_closing()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "flagosd is still closing ", closing_.size(),
+        " sessions whose clients left while their commands ran (at most max(--max-sessions, ",
+        kMinMaxClosingSessions, ") close at once); retry when their commands have returned, or "
+        "start flagosd with a larger --max-sessions"));
+  }
   const uint64_t id = next_id_++;
   sessions_.emplace(id, Entry{std::move(cancel), nullptr});
   return id;
@@ -31,6 +41,56 @@ void SessionRegistry::Attach(uint64_t id, std::shared_ptr<Session> session) {
 void SessionRegistry::Remove(uint64_t id) {
   absl::MutexLock lock(&mu_);
   sessions_.erase(id);
+}
+
+SessionRegistry::~SessionRegistry() { WaitClosed(); }
+
+void SessionRegistry::Retire(uint64_t id, std::function<void()> close) {
+  JoinFinished();
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  std::shared_ptr<Session> session;
+  if (it != sessions_.end()) {
+    session = std::move(it->second.session);
+    sessions_.erase(it);
+  }
+  Closer& closer = closing_[id];
+  closer.session = std::move(session);
+  // Started under mu_: the thread's own entry exists before it looks for it.
+  closer.thread = std::thread([this, id, close = std::move(close)] {
+    close();
+    absl::MutexLock lock(&mu_);
+    auto done = closing_.find(id);
+    finished_.push_back(std::move(done->second.thread));
+    closing_.erase(done);
+  });
+}
+
+void SessionRegistry::JoinFinished() {
+  std::vector<std::thread> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished.swap(finished_);
+  }
+  for (std::thread& thread : finished) thread.join();
+}
+
+void SessionRegistry::WaitClosed() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::map<uint64_t, Closer>* closing) { return closing->empty(); }, &closing_));
+  }
+  JoinFinished();
+}
+
+std::vector<std::shared_ptr<Session>> SessionRegistry::Closing() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (const auto& [id, closer] : closing_) {
+    if (closer.session != nullptr) sessions.push_back(closer.session);
+  }
+  return sessions;
 }
 
 std::vector<std::shared_ptr<Session>> SessionRegistry::Snapshot() const {

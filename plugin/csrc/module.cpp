@@ -50,8 +50,7 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
   py::list devices;
   for (const auto& d : stats.devices()) devices.append(DeviceDict(d));
   out["devices"] = devices;
-  py::list sessions;
-  for (const auto& s : stats.sessions()) {
+  const auto session_dict = [](const flagos::v1::SessionInfo& s) {
     py::dict session;
     session["id"] = s.id();
     session["pid"] = s.pid();
@@ -69,9 +68,17 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
     session["pinned_registered_bytes"] = s.pinned_registered_bytes();
     session["imported_segments"] = s.imported_segments();
     session["imported_bytes"] = s.imported_bytes();
-    sessions.append(session);
-  }
+    session["running_commands"] = s.running_commands();
+    return session;
+  };
+  py::list sessions;
+  for (const auto& s : stats.sessions()) sessions.append(session_dict(s));
   out["sessions"] = sessions;
+  // Sessions whose client left while a command of theirs ran: they hold
+  // their segments (counted in used_memory) until it returned.
+  py::list closing;
+  for (const auto& s : stats.closing_sessions()) closing.append(session_dict(s));
+  out["closing_sessions"] = closing;
   return out;
 }
 

@@ -54,7 +54,9 @@ def daemon_info() -> dict:
 
 
 def daemon_stats(endpoint: str | None = None) -> dict:
-    """Devices, memory and sessions of a daemon.
+    """Devices, memory and sessions of a daemon (``sessions``: the live ones;
+    ``closing_sessions``: those whose client left while a command of theirs
+    ran, holding their memory until it returned).
 
     With no argument, asks this process's daemon (connecting if needed);
     otherwise the daemon at ``endpoint``, without opening a session.

@@ -68,8 +68,11 @@ def own_session() -> Iterator[int]:
     mine = torch.arange(256, dtype=torch.int32, device="flagos")
     torch.flagos.synchronize()
     me = torch_fl._C._session_id()
-    # Sessions of earlier tests' children may still be closing.
-    assert wait_for(lambda: session_ids() == {me}), torch_fl.daemon_stats()["sessions"]
+    # Sessions of earlier tests' children may still be closing (and hold
+    # their memory until they are gone).
+    assert wait_for(
+        lambda: session_ids() == {me} and not torch_fl.daemon_stats()["closing_sessions"]
+    ), torch_fl.daemon_stats()
     yield me
     del mine
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <initializer_list>
 #include <memory>
@@ -328,16 +329,25 @@ class ServerTest : public ::testing::Test {
     return response;
   }
 
-  // Polls GetStats until no session is live (the daemon closes sessions
-  // asynchronously to the client's Finish).
-  v1::GetStatsResponse StatsAfterSessionsEnd() {
+  // Polls GetStats (every 10 ms, at most `polls` times) until `done` holds
+  // for its answer; returns the last answer.
+  v1::GetStatsResponse StatsUntil(const std::function<bool(const v1::GetStatsResponse&)>& done,
+                                 int polls = 500) {
     v1::GetStatsResponse stats;
-    for (int i = 0; i < 500; ++i) {
+    for (int i = 0; i < polls; ++i) {
       stats = Stats();
-      if (stats.sessions_size() == 0) break;
+      if (done(stats)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return stats;
+  }
+
+  // Polls GetStats until no session is live or closing (the daemon closes
+  // sessions asynchronously to the client's Finish).
+  v1::GetStatsResponse StatsAfterSessionsEnd() {
+    return StatsUntil([](const v1::GetStatsResponse& stats) {
+      return stats.sessions_size() == 0 && stats.closing_sessions_size() == 0;
+    });
   }
 
   std::string dir_;
@@ -2293,6 +2303,97 @@ TEST_F(OneWorkerTest, AClientThatDoesNotReadItsRepliesHoldsNoWorkerAndIsEnded) {
                          "the sync channel) while commands that owe replies are outstanding"));
   EXPECT_TRUE(other.End().ok());
   EXPECT_EQ(StatsAfterSessionsEnd().devices(0).used_memory(), 0u);
+}
+
+// ------------------------------------------------- a client that leaves mid-kernel
+
+// One session at a time, and linalg_vector_norm over a 4-byte segment viewed
+// as kElements elements with stride 0 (issue 10, finding 8), into a 0-d
+// output: a call at the per-op element bound, 1 to 4 s of kernel on this
+// project's 2-core machines (the test asserts ordering, not durations).
+class ClosingSessionTest : public ServerTest {
+ protected:
+  static constexpr int64_t kElements = int64_t{1} << 31;
+  void Configure(ServerOptions* options) override {
+    options->max_sessions = 1;
+    options->max_op_elements = kElements + 1;
+  }
+};
+
+// The client cancels its stream while its kernel runs: its slot is free at
+// once (a new session opens at --max-sessions=1 while the kernel still
+// runs, GetStats listing the old session as closing), its memory stays held
+// and counted until the kernel returned, then is freed; the new session's
+// bytes are untouched by the old kernel's result, and the daemon serves on.
+TEST_F(ClosingSessionTest, AClientLeavingMidKernelFreesItsSlotAtOnceAndItsMemoryAfter) {
+  constexpr uint64_t kOutBytes = 4096;
+  auto leaving = std::make_unique<RawSession>(stub_.get());
+  const uint64_t leaving_id = leaving->Open("leaving");
+  const uint64_t in = leaving->AllocateOk(4);
+  const uint64_t out = leaving->AllocateOk(kOutBytes);
+  // The copy has run: the one command that runs next is the norm.
+  EXPECT_TRUE(leaving
+                  ->RunAndSync({CopyTo(in, FloatBytes({0.5f})),
+                                RegisterOp(1, "aten::linalg_vector_norm", "")})
+                  .empty());
+  leaving->Send({Op(1, {TensorValue(StrideZeroRef(in, kElements))}, {Ref(out, {})})});
+  v1::GetStatsResponse stats = StatsUntil([](const v1::GetStatsResponse& s) {
+    return s.sessions_size() == 1 && s.sessions(0).running_commands() == 1;
+  });
+  ASSERT_EQ(stats.sessions_size(), 1);
+  ASSERT_EQ(stats.sessions(0).running_commands(), 1u) << "the norm never started";
+  const uint64_t leaving_bytes = stats.sessions(0).segment_bytes();
+  EXPECT_EQ(leaving_bytes, 4 + kOutBytes);
+
+  leaving->context().TryCancel();  // as if the process died mid-kernel
+  EXPECT_EQ(leaving->End().error_code(), grpc::StatusCode::CANCELLED);
+  stats = StatsUntil([](const v1::GetStatsResponse& s) { return s.sessions_size() == 0; });
+  ASSERT_EQ(stats.sessions_size(), 0) << "the cancelled session is still live";
+
+  RawSession next(stub_.get());
+  const uint64_t next_id = next.Open("next");
+  EXPECT_NE(next_id, 0u) << "no new session at --max-sessions=1 while the old one closes";
+  const uint64_t addr = next.AllocateOk(kOutBytes);
+  const std::string pattern(kOutBytes, '\x5a');
+  next.Send({CopyTo(addr, pattern)});
+  EXPECT_EQ(next.Call(CopyFrom(addr, kOutBytes)).data(), pattern);
+  stats = Stats();
+  ASSERT_EQ(stats.sessions_size(), 1);
+  EXPECT_EQ(stats.sessions(0).id(), next_id);
+  // The old kernel still runs now, after the new session opened.
+  ASSERT_EQ(stats.closing_sessions_size(), 1)
+      << "the old session's kernel returned before the new session opened: raise kElements";
+  const v1::SessionInfo& closing = stats.closing_sessions(0);
+  EXPECT_EQ(closing.id(), leaving_id);
+  ASSERT_EQ(closing.running_commands(), 1u)
+      << "the old session's kernel returned before the new session opened: raise kElements";
+  EXPECT_EQ(closing.segment_bytes(), leaving_bytes);
+  EXPECT_EQ(stats.devices(0).used_memory(), leaving_bytes + kOutBytes);
+
+  // Once the kernel returned the old session is gone with its memory (the
+  // poll gives up after 120 s: a loaded machine is slow, not wrong).
+  stats = StatsUntil(
+      [](const v1::GetStatsResponse& s) { return s.closing_sessions_size() == 0; }, 12000);
+  ASSERT_EQ(stats.closing_sessions_size(), 0);
+  ASSERT_EQ(stats.sessions_size(), 1);
+  EXPECT_EQ(stats.devices(0).used_memory(), kOutBytes);
+  EXPECT_EQ(stats.sessions(0).segment_bytes(), kOutBytes);
+  // The old kernel wrote its result into its own segment, not into the new
+  // session's bytes.
+  EXPECT_EQ(next.Call(CopyFrom(addr, kOutBytes)).data(), pattern);
+  next.Send({RegisterOp(1, "aten::linalg_vector_norm", "")});
+  ExpectNormServed(next, 1);
+  EXPECT_TRUE(next.End().ok());
+  stats = StatsAfterSessionsEnd();
+  EXPECT_EQ(stats.sessions_size(), 0);
+  EXPECT_EQ(stats.closing_sessions_size(), 0);
+  EXPECT_EQ(stats.devices(0).used_memory(), 0u);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
+  // And a session opens again.
+  RawSession after(stub_.get());
+  after.Open("after");
+  after.Send({RegisterOp(1, "aten::linalg_vector_norm", "")});
+  ExpectNormServed(after, 1);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "flagos/v1/flagos.pb.h"
 #include "flagos/v1/wire.h"
 #include "gtest/gtest.h"
+#include "op_schema_match.h"
 #include "server.h"
 #include "pinned_region.h"  // the daemon's
 #include "staging_region.h"  // the daemon's
@@ -360,11 +361,12 @@ TEST_F(StagingTest, ASyncChannelClientThatDoesNotReadIsEnded) {
   auto data = other->Call(download, "copy_from_device");
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_TRUE(data->data() == std::string(4096, '\0'));
-  // The deaf session ends: only the other one is left.
+  // The deaf session ends (and, closing, frees its memory): only the other
+  // one is left.
   while (true) {
     auto stats = other->GetStats();
     ASSERT_TRUE(stats.ok()) << stats.status();
-    if (stats->sessions_size() == 1) {
+    if (stats->sessions_size() == 1 && stats->closing_sessions_size() == 0) {
       EXPECT_EQ(stats->sessions(0).id(), other->session_id());
       EXPECT_EQ(stats->devices(0).used_memory(), 4096u);
       break;
@@ -382,6 +384,111 @@ TEST_F(StagingTest, ASyncChannelClientThatDoesNotReadIsEnded) {
                          "ended the session and freed what it held. Read the session stream (and "
                          "the sync channel) while commands that owe replies are outstanding"));
   close(*fd);
+}
+
+// A client whose sync-channel command runs a long kernel (on the channel's
+// thread: linalg_vector_norm over a 4-byte segment viewed as 2^31 elements,
+// seconds of work) cancels its stream: its session stops being live at once,
+// while GetStats lists it as closing with that kernel still running, and it
+// is gone, its memory freed, once the kernel returned.
+TEST_F(StagingTest, AClientLeavingWhileItsSyncChannelRunsAKernelIsNoLongerLive) {
+  RawSyncClient raw;
+  ASSERT_NO_FATAL_FAILURE(OpenRawSyncClient(endpoint_, &raw));
+  const uint64_t raw_id = raw.opened.session_id();
+  v1::ClientMessage message;
+  v1::Command* allocate = message.mutable_batch()->add_commands();
+  allocate->set_seq(1);
+  allocate->mutable_allocate()->set_nbytes(4);
+  ASSERT_TRUE(raw.stream->Write(message));
+  v1::ServerMessage reply;
+  ASSERT_TRUE(raw.stream->Read(&reply));
+  ASSERT_EQ(reply.completions_size(), 1);
+  const uint64_t addr = reply.completions(0).addr();
+  message.Clear();
+  v1::Command* upload = message.mutable_batch()->add_commands();
+  upload->set_seq(2);
+  upload->mutable_copy_to_device()->set_addr(addr);
+  const float half = 0.5f;
+  upload->mutable_copy_to_device()->set_data(std::string(reinterpret_cast<const char*>(&half), 4));
+  v1::Command* reg = message.mutable_batch()->add_commands();
+  reg->set_seq(3);
+  reg->mutable_register_op()->set_op_id(1);
+  reg->mutable_register_op()->set_name("aten::linalg_vector_norm");
+  reg->mutable_register_op()->set_schema(
+      daemon::OwnSchemaText("aten::linalg_vector_norm", "").value_or(""));
+  v1::Command* sync = message.mutable_batch()->add_commands();
+  sync->set_seq(4);
+  sync->set_device(-1);
+  sync->mutable_sync();
+  ASSERT_TRUE(raw.stream->Write(message));
+  // The upload has run: the stream's queue is idle, so the channel's
+  // thread runs the norm itself.
+  ASSERT_TRUE(raw.stream->Read(&reply));
+  ASSERT_EQ(reply.completions_size(), 1);
+  ASSERT_EQ(reply.completions(0).seq(), 4u);
+  ASSERT_EQ(reply.completions(0).code(), 0) << reply.completions(0).message();
+  v1::SyncRequest request;
+  request.set_after_seq(4);
+  v1::Command& norm = *request.mutable_command();
+  norm.set_seq(5);
+  norm.mutable_op()->set_op_id(1);
+  norm.mutable_op()->set_want_values(true);
+  v1::TensorRef& self = *norm.mutable_op()->add_args()->mutable_tensor();
+  self.set_addr(addr);
+  self.set_dtype(6);  // float32
+  self.add_sizes(int64_t{1} << 31);
+  self.add_strides(0);
+  ASSERT_TRUE(v1::WriteFrame(raw.fd, request));
+
+  auto other = Connect();
+  ASSERT_NE(other, nullptr);
+  const auto find = [](const auto& sessions, uint64_t id) -> const v1::SessionInfo* {
+    for (const v1::SessionInfo& s : sessions) {
+      if (s.id() == id) return &s;
+    }
+    return nullptr;
+  };
+  // Polls GetStats (every 10 ms, at most `polls` times) until `done`.
+  const auto stats_until = [&](auto done, int polls) {
+    absl::StatusOr<v1::GetStatsResponse> stats;
+    for (int i = 0; i < polls; ++i) {
+      stats = other->GetStats();
+      if (!stats.ok() || done(*stats)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return stats;
+  };
+  absl::StatusOr<v1::GetStatsResponse> stats = stats_until(
+      [&](const v1::GetStatsResponse& s) {
+        const v1::SessionInfo* mine = find(s.sessions(), raw_id);
+        return mine != nullptr && mine->running_commands() == 1;
+      },
+      500);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_NE(find(stats->sessions(), raw_id), nullptr);
+  ASSERT_EQ(find(stats->sessions(), raw_id)->running_commands(), 1u) << "the norm never started";
+
+  raw.context.TryCancel();  // as if the process died mid-kernel
+  while (raw.stream->Read(&reply)) {
+  }
+  EXPECT_EQ(raw.stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  stats = stats_until(
+      [&](const v1::GetStatsResponse& s) { return find(s.sessions(), raw_id) == nullptr; }, 500);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(find(stats->sessions(), raw_id), nullptr) << "the cancelled session is still live";
+  // No longer live while its kernel still runs.
+  const v1::SessionInfo* closing = find(stats->closing_sessions(), raw_id);
+  ASSERT_NE(closing, nullptr) << "the kernel returned before the session stopped being live";
+  EXPECT_EQ(closing->running_commands(), 1u);
+  EXPECT_EQ(closing->segment_bytes(), 4u);
+  EXPECT_EQ(stats->devices(0).used_memory(), 4u);
+  stats = stats_until(
+      [](const v1::GetStatsResponse& s) { return s.closing_sessions_size() == 0; }, 12000);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->closing_sessions_size(), 0);
+  EXPECT_EQ(stats->devices(0).used_memory(), 0u);
+  EXPECT_EQ(stats->sessions_size(), 1);
+  close(raw.fd);
 }
 
 TEST(DaemonStagingRegion, AcceptsOnlySealedMemfdsThatHoldTheLayout) {
