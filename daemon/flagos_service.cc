@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpc/grpc.h"
 #include "logging.h"
+#include "message_recorder.h"
 
 namespace flagos::daemon {
 namespace {
@@ -154,15 +155,21 @@ grpc::Status FlagosService::Session(
     return Counted(ToGrpc(id.status()));
   }
   if (metrics_ != nullptr) metrics_->CountSessionOpened();
+  std::unique_ptr<MessageRecorder> recorder;
+  if (!record_dir_.empty()) {
+    recorder = std::make_unique<MessageRecorder>(record_dir_, *id);
+    recorder->RecordIncoming(message);
+  }
 
   // Messages come from this thread (`opened`) and from the session's reply
   // writer.
   absl::Mutex write_mu;
   // Set once the session exists; counts what the stream carries.
   daemon::Session* counted = nullptr;
-  auto write = [&write_mu, &counted, stream](const v1::ServerMessage& reply) {
+  auto write = [&write_mu, &counted, &recorder, stream](const v1::ServerMessage& reply) {
     absl::MutexLock lock(&write_mu);
     if (counted != nullptr) counted->CountStreamBytes(0, reply.ByteSizeLong());
+    if (recorder != nullptr) recorder->ObserveReply(reply);
     return stream->Write(reply);
   };
   // Ends the session from any thread without blocking: the client sees
@@ -199,6 +206,7 @@ grpc::Status FlagosService::Session(
   grpc::Status end = grpc::Status::OK;
   while (stream->Read(&message)) {
     session->CountStreamBytes(message.ByteSizeLong(), 0);
+    if (recorder != nullptr) recorder->RecordIncoming(message);
     if (message.has_batch()) {
       if (absl::Status s = session->HandleBatch(message.mutable_batch()); !s.ok()) {
         end = ToGrpc(s);
