@@ -86,7 +86,8 @@ class Replies {
     absl::MutexLock lock(&mu_);
     for (const v1::Completion& completion : reply.completions()) {
       if (completion.seq() >= first_allocate_ && completion.seq() < end_allocate_) {
-        addresses_[completion.seq() - first_allocate_] = completion.code() == 0 ? completion.addr() : 0;
+        const uint64_t addr = completion.code() == 0 ? completion.addr() : 0;
+        addresses_[completion.seq() - first_allocate_] = addr;
         ++allocations_replied_;
       }
     }
