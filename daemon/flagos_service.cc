@@ -13,6 +13,7 @@
 #include "grpcpp/support/method_handler.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "logging.h"
+#include "message_recorder.h"
 
 namespace flagos::daemon {
 namespace {
@@ -193,15 +194,21 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
     return Counted(ToGrpc(id.status()));
   }
   if (metrics_ != nullptr) metrics_->CountSessionOpened();
+  std::unique_ptr<MessageRecorder> recorder;
+  if (!record_dir_.empty()) {
+    recorder = std::make_unique<MessageRecorder>(record_dir_, *id);
+    recorder->RecordIncoming(message);
+  }
 
   // Messages come from this thread (`opened`) and from the session's reply
   // writer.
   absl::Mutex write_mu;
   // Set once the session exists; counts what the stream carries.
   daemon::Session* counted = nullptr;
-  auto write = [&write_mu, &counted, stream](const v1::ServerMessage& reply) {
+  auto write = [&write_mu, &counted, &recorder, stream](const v1::ServerMessage& reply) {
     absl::MutexLock lock(&write_mu);
     if (counted != nullptr) counted->CountStreamBytes(0, reply.ByteSizeLong());
+    if (recorder != nullptr) recorder->ObserveReply(reply);
     return stream->Write(reply);
   };
   // Ends the session from any thread without blocking: the client sees
@@ -244,6 +251,7 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
     }
     if (!*read) break;  // the client ended the stream (or it was cancelled)
     session->CountStreamBytes(message.ByteSizeLong(), 0);
+    if (recorder != nullptr) recorder->RecordIncoming(message);
     if (message.has_batch()) {
       if (absl::Status s = session->HandleBatch(message.mutable_batch()); !s.ok()) {
         end = ToGrpc(s);

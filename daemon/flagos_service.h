@@ -43,6 +43,10 @@ class FlagosService final : public v1::Flagos::Service {
   // The staging socket offered to sessions opened over a unix socket (empty:
   // none). Call before the server starts.
   void set_staging_socket(std::string path) { staging_socket_ = std::move(path); }
+  // Writes every session's client messages into `dir` as fuzzing inputs
+  // (MessageRecorder; empty: none, the default). Call before the server
+  // starts.
+  void set_record_dir(std::string dir) { record_dir_ = std::move(dir); }
 
   // Streams waiting for their `open`.
   size_t pending_opens() const { return pending_opens_.waiting(); }
@@ -78,6 +82,7 @@ class FlagosService final : public v1::Flagos::Service {
   const double start_time_;  // seconds since the epoch
   const OpLimits op_limits_;
   std::string staging_socket_;
+  std::string record_dir_;
   PendingOpens pending_opens_;
 };
 

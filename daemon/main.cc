@@ -69,6 +69,10 @@ ABSL_FLAG(std::string, metrics_listen, flagos::daemon::kDefaultMetricsListen,
 ABSL_FLAG(absl::Duration, test_wedge_health_probes_after, absl::InfiniteDuration(),
           "Testing only: device health probes started this long after start never finish, "
           "as on a wedged device queue, so the systemd watchdog stops being fed.");
+ABSL_FLAG(std::string, record_client_messages, "",
+          "Testing only: write every message clients send into this existing directory, one "
+          "file each, rewritten to replay on their own (the fuzzer's seed corpus, scripts/fuzz; "
+          "docs/operations.md). Empty (the default): nothing is recorded.");
 ABSL_FLAG(uint64_t, max_op_elements, 0,
           "Most tensor elements one operator call may name, summed over every tensor it names "
           "(arguments, list elements, outputs); a call naming more is refused with "
@@ -256,6 +260,7 @@ int Run(int argc, char** argv) {
       });
   server_options.test_wedge_health_probes_after =
       absl::GetFlag(FLAGS_test_wedge_health_probes_after);
+  server_options.record_client_messages_dir = absl::GetFlag(FLAGS_record_client_messages);
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend->get());
   if (!server.ok()) return Fail(server.status().message());
 

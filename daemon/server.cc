@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                      options.max_pending_opens,
                                                      options.open_deadline, server->op_limits_,
                                                      server->grants_.get());
+  server->service_->set_record_dir(options.record_client_messages_dir);
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
     absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(

@@ -70,6 +70,9 @@ struct ServerOptions {
   // Tests only: device health probes started this long after start block
   // (HealthCheck's wedge_after).
   absl::Duration test_wedge_health_probes_after = absl::InfiniteDuration();
+  // Tests only (scripts/fuzz's seed corpus): a directory every session's
+  // client messages are written into (MessageRecorder); empty: none.
+  std::string record_client_messages_dir;
 };
 
 class Server {
