@@ -117,6 +117,15 @@ void StreamQueue::Resume::operator()() const {
 void StreamQueue::Drain(const std::shared_ptr<Core>& core) {
   core->last_worker.store(core->pool->CurrentWorker(), std::memory_order_relaxed);
   for (int ran = 0;; ++ran) {
+    // After a turn's worth, give the worker up only if another job waits
+    // for one: handing the queue to another worker when none does would
+    // move the stream to a cold thread (and leave this one's OpenMP team
+    // spinning beside it) for nothing.
+    bool yield_turn = false;
+    if (ran >= kTasksPerTurn) {
+      yield_turn = core->pool->has_waiting_jobs();
+      if (!yield_turn) ran = 0;
+    }
     StreamQueueItem item;
     uint64_t gate = 0;
     {
@@ -126,7 +135,7 @@ void StreamQueue::Drain(const std::shared_ptr<Core>& core) {
         core->EndBurst();
         return;
       }
-      if (ran == kTasksPerTurn) break;  // still scheduled: requeued below
+      if (yield_turn) break;  // still scheduled: requeued below
       core->BeginBurst();
       item = std::move(core->items.front());
       core->items.pop_front();

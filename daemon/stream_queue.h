@@ -2,9 +2,10 @@
 // on one stream run in the order issued, one at a time; different streams
 // run concurrently. A queue has no thread of its own: when it gets work it
 // schedules itself once on its device's WorkerPool, whose worker runs its
-// tasks (a bounded number per turn, then it goes to the back of the pool's
-// ready list, so that a busy stream cannot hold a worker from the others)
-// and releases it when it runs out. It asks the pool for the worker that
+// tasks (a bounded number per turn, then, if another queue waits for a
+// worker, it goes to the back of the pool's ready list, so that a busy
+// stream cannot hold a worker from the others) and releases it when it runs
+// out. It asks the pool for the worker that
 // ran its last turn (kept warm for it if free: WorkerPool::Schedule).
 //
 // A task must not block waiting for another queue's work (with a bounded
@@ -54,7 +55,8 @@ class StreamQueue {
   // once, inside the gate, when what it waits for is done already).
   using Gate = absl::AnyInvocable<void(Resume) &&>;
 
-  // Tasks one worker runs of one queue before it lets other queues go first.
+  // Tasks one worker runs of one queue before it lets other queues that wait
+  // for a worker go first.
   static constexpr int kTasksPerTurn = 64;
 
   // `name` appears in log lines ("session 3 flagos:0 stream 7"). `pool`

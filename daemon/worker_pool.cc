@@ -42,6 +42,11 @@ int WorkerPool::idle_workers() const {
   return static_cast<int>(idle_.size());
 }
 
+bool WorkerPool::has_waiting_jobs() const {
+  absl::MutexLock lock(&mu_);
+  return !ready_.empty();
+}
+
 void WorkerPool::Schedule(Job job, int preferred) {
   {
     absl::MutexLock lock(&mu_);

@@ -70,6 +70,8 @@ class WorkerPool {
   int workers() const { return static_cast<int>(workers_.size()); }
   // Workers asleep, waiting for a job.
   int idle_workers() const;
+  // Whether a scheduled job waits for a worker (none is idle).
+  bool has_waiting_jobs() const;
   const std::string& name() const { return name_; }
 
  private:

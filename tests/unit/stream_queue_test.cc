@@ -169,6 +169,33 @@ TEST(StreamQueueTest, ABusyQueueYieldsTheWorkerAfterATurn) {
   EXPECT_EQ(at - order.begin(), StreamQueue::kTasksPerTurn - 1);
 }
 
+// With no other queue waiting for a worker, a busy queue keeps the worker
+// it runs on past a turn: moving it to an idle worker would only trade a
+// warm thread for a cold one.
+TEST(StreamQueueTest, ABusyQueueKeepsItsWorkerWhenNoOtherWaits) {
+  WorkerPool pool("test", 2);
+  absl::Mutex mu;
+  std::vector<int> workers;
+  absl::Notification release;
+  absl::Notification done;
+  StreamQueue queue("queue", &pool);
+  queue.Push([&] { release.WaitForNotification(); });  // the rest queue up behind it
+  for (int i = 0; i < 3 * StreamQueue::kTasksPerTurn; ++i) {
+    queue.Push([&] {
+      absl::MutexLock lock(&mu);
+      workers.push_back(pool.CurrentWorker());
+    });
+  }
+  queue.Push([&done] { done.Notify(); });
+  release.Notify();
+  done.WaitForNotification();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(workers.size(), static_cast<size_t>(3 * StreamQueue::kTasksPerTurn));
+  EXPECT_GE(workers.front(), 0);
+  EXPECT_EQ(std::count(workers.begin(), workers.end(), workers.front()),
+            static_cast<std::ptrdiff_t>(workers.size()));
+}
+
 // A gate parks its queue without holding a worker: on a one-worker pool the
 // other queue runs, resumes the parked one, and its next task runs after.
 TEST(StreamQueueTest, AParkedQueueHoldsNoWorkerAndRunsOnWhenResumed) {
