@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tensor_refs.h"
 
 namespace flagos::daemon {
 namespace {
@@ -16,20 +18,7 @@ namespace {
 constexpr int kFloat = 6;
 
 v1::TensorRef Ref(std::initializer_list<int64_t> sizes, std::vector<int64_t> strides = {}) {
-  v1::TensorRef ref;
-  ref.set_addr(4096);
-  ref.set_dtype(kFloat);
-  if (strides.empty()) {
-    strides.assign(sizes.size(), 1);
-    int64_t stride = 1;
-    for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
-      strides[i] = stride;
-      stride *= sizes.begin()[i];
-    }
-  }
-  for (int64_t s : sizes) ref.add_sizes(s);
-  for (int64_t s : strides) ref.add_strides(s);
-  return ref;
+  return test_refs::MakeRef(4096, sizes, kFloat, 0, std::move(strides));
 }
 
 v1::Value T(v1::TensorRef ref) {

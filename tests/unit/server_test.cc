@@ -31,6 +31,7 @@
 #include "backend.h"
 #include "cpu_kernel_facts.h"
 #include "op_schema_match.h"
+#include "tensor_refs.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 
 namespace flagos::daemon {
@@ -58,19 +59,7 @@ std::vector<float> Floats(const std::string& bytes) {
 
 v1::TensorRef Ref(uint64_t addr, std::initializer_list<int64_t> sizes, int dtype = kFloat,
                   int device = 0) {
-  v1::TensorRef ref;
-  ref.set_addr(addr);
-  ref.set_dtype(dtype);
-  ref.set_device(device);
-  int64_t stride = 1;
-  std::vector<int64_t> strides(sizes.size());
-  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
-    strides[i] = stride;
-    stride *= sizes.begin()[i];
-  }
-  for (int64_t s : sizes) ref.add_sizes(s);
-  for (int64_t s : strides) ref.add_strides(s);
-  return ref;
+  return test_refs::MakeRef(addr, sizes, dtype, device);
 }
 
 v1::Value TensorValue(const v1::TensorRef& ref) {
