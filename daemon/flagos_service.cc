@@ -1,6 +1,7 @@
 #include "flagos_service.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "grpcpp/support/method_handler.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "logging.h"
+#include "peer_credentials.h"
 #include "message_recorder.h"
 
 namespace flagos::daemon {
@@ -188,6 +190,20 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
                      "; flagosd speaks ", VersionRange(kMinProtocolVersion, kMaxProtocolVersion),
                      "; open it with the version Negotiate returned")));
   }
+  // Who connected, from the kernel: the unix sockets' connections are the
+  // daemon's own accepts (UnixAcceptor); a TCP peer has no credentials.
+  std::optional<PeerCredentials> peer;
+  if (std::optional<int> fd = AcceptedDescriptor(context->peer()); fd.has_value()) {
+    if (absl::StatusOr<PeerCredentials> read = ReadPeerCredentials(*fd); read.ok()) {
+      peer = *std::move(read);
+    }
+  }
+  if (absl::Status allowed = access_.Check(peer); !allowed.ok()) {
+    LogWarning(absl::StrCat("session refused (", peer ? peer->ToString() : context->peer(),
+                            "): ", allowed.message()));
+    if (metrics_ != nullptr) metrics_->CountSessionRefused();
+    return Counted(ToGrpc(allowed));
+  }
   absl::StatusOr<uint64_t> id = registry_.Admit([context] { context->TryCancel(); });
   if (!id.ok()) {
     if (metrics_ != nullptr) metrics_->CountSessionRefused();
@@ -222,12 +238,14 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
   };
   auto session = std::make_shared<daemon::Session>(
       *id, open, backend_, write, end_session, pools_, &activity_, metrics_, op_limits_,
-      grants_);
+      grants_, peer);
   registry_.Attach(*id, session);
-  LogInfo(absl::StrCat("session ", *id, " opened (pid ", open.pid(), ", client '",
-                       session->client(), "', torch ",
-                       session->torch_version().empty() ? "unknown" : session->torch_version(),
-                       ", peer ", context->peer(), ")"));
+  LogInfo(absl::StrCat(
+      "session ", *id, " opened (",
+      peer ? peer->ToString()
+           : absl::StrCat("pid ", open.pid(), " as the client says, peer ", context->peer()),
+      ", client '", session->client(), "', torch ",
+      session->torch_version().empty() ? "unknown" : session->torch_version(), ")"));
   {
     absl::MutexLock lock(&write_mu);
     counted = session.get();
@@ -236,7 +254,7 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
   opened.mutable_opened()->set_session_id(*id);
   // Same-node (unix socket) clients may move tensor bytes through shared
   // memory; TCP clients send them inline.
-  if (!staging_socket_.empty() && absl::StartsWith(context->peer(), "unix:")) {
+  if (!staging_socket_.empty() && peer.has_value()) {
     opened.mutable_opened()->set_staging_socket(staging_socket_);
     opened.mutable_opened()->set_staging_token(session->staging_token());
   }
@@ -271,7 +289,7 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
                  : absl::StrCat("ended with ",
                                 absl::StatusCodeToString(
                                     static_cast<absl::StatusCode>(end.error_code())));
-  const auto close = [session, id = *id, pid = open.pid(), how] {
+  const auto close = [session, id = *id, pid = session->pid(), how] {
     const uint64_t commands = session->Info().commands();
     const daemon::Session::CloseSummary summary = session->Close();
     LogInfo(absl::StrCat("session ", id, " closed (pid ", pid, ", ", how, "): ", commands,

@@ -6,6 +6,8 @@
 #define FLAGOS_DAEMON_FLAGOS_SERVICE_H_
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -16,6 +18,7 @@
 #include "pending_opens.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "session_access.h"
 #include "session_registry.h"
 #include "worker_pool.h"
 
@@ -47,6 +50,8 @@ class FlagosService final : public v1::Flagos::Service {
   // (MessageRecorder; empty: none, the default). Call before the server
   // starts.
   void set_record_dir(std::string dir) { record_dir_ = std::move(dir); }
+  // Who may open a session; before the first call.
+  void set_session_access(SessionAccess access) { access_ = std::move(access); }
 
   // Streams waiting for their `open`.
   size_t pending_opens() const { return pending_opens_.waiting(); }
@@ -83,6 +88,7 @@ class FlagosService final : public v1::Flagos::Service {
   const OpLimits op_limits_;
   std::string staging_socket_;
   std::string record_dir_;
+  SessionAccess access_;
   PendingOpens pending_opens_;
 };
 

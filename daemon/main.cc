@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -38,6 +39,18 @@ ABSL_FLAG(std::vector<std::string>, listen,
           "a stale socket file is replaced; mode 0660 and group `flagos` for the default "
           "system socket, 0600 for any other path). host:port listens on TCP, which is only "
           "allowed on loopback (localhost, 127.0.0.1, [::1]) until TLS is supported.");
+ABSL_FLAG(std::string, socket_mode, "",
+          "File mode of the unix sockets (octal, e.g. 0660): who may connect at all. Empty "
+          "(the default): 0660 for the default system socket, 0600 for any other path.");
+ABSL_FLAG(std::vector<std::string>, allow_uid, {},
+          "Users who may open a session (names or uids, comma-separated); with --allow-gid, "
+          "a peer matching either may. The user is the kernel's (the unix socket's peer "
+          "credentials), never the client's word; root and flagosd's own user always may. "
+          "Others get PERMISSION_DENIED naming the rule; so does every TCP session, which "
+          "carries no user. Empty (the default): whoever can open the socket.");
+ABSL_FLAG(std::vector<std::string>, allow_gid, {},
+          "Groups whose members may open a session (names or gids, comma-separated; the "
+          "peer's primary and supplementary groups count). See --allow-uid.");
 ABSL_FLAG(std::string, backend, "auto",
           "Device backend: auto, cpu or kunlunxin. kunlunxin drives Kunlun P800 devices "
           "through the vendor runtime libxpurt, loaded at start from $FLAGOS_KUNLUNXIN_XPURT, "
@@ -244,6 +257,23 @@ int Run(int argc, char** argv) {
   ServerOptions server_options;
   server_options.listen = absl::GetFlag(FLAGS_listen);
   server_options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  if (const std::string mode = absl::GetFlag(FLAGS_socket_mode); !mode.empty()) {
+    char* end = nullptr;
+    const unsigned long value = std::strtoul(mode.c_str(), &end, 8);
+    if (end == mode.c_str() || *end != '\0' || value == 0 || value > 0777) {
+      return Fail(absl::StrCat("--socket-mode=", mode,
+                               ": expected an octal file mode from 0001 to 0777, e.g. 0660"));
+    }
+    server_options.socket_mode = static_cast<mode_t>(value);
+  }
+  absl::StatusOr<std::vector<int64_t>> allowed_uids =
+      ParseAllowedUsers(absl::GetFlag(FLAGS_allow_uid));
+  if (!allowed_uids.ok()) return Fail(allowed_uids.status().message());
+  absl::StatusOr<std::vector<int64_t>> allowed_gids =
+      ParseAllowedGroups(absl::GetFlag(FLAGS_allow_gid));
+  if (!allowed_gids.ok()) return Fail(allowed_gids.status().message());
+  server_options.session_access.uids = *std::move(allowed_uids);
+  server_options.session_access.gids = *std::move(allowed_gids);
   absl::StatusOr<MemoryGrants::Policy> sharing =
       MemoryGrants::ParsePolicy(absl::GetFlag(FLAGS_memory_sharing));
   if (!sharing.ok()) return Fail(sharing.status().message());

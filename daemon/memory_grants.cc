@@ -59,9 +59,9 @@ absl::StatusOr<std::string> MemoryGrants::Export(uint64_t session, int64_t uid,
   }
   if (policy_ == Policy::kSameUser && uid < 0) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "session ", session, " cannot share device memory: flagosd knows its user only from "
-        "the staging socket's peer credentials, and this session has no staging region (a TCP "
-        "client, or FLAGOS_STAGING=0); connect over flagosd's unix socket"));
+        "session ", session, " cannot share device memory: flagosd knows a user only from "
+        "the peer credentials of a unix-socket connection, and this session came over TCP; "
+        "connect over flagosd's unix socket"));
   }
   absl::MutexLock lock(&mu_);
   const Key key{segment.device, segment.addr};

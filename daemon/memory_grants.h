@@ -16,8 +16,8 @@
 // keeps the segment in use (InUse), so the owner's allocator does not reuse
 // it.
 //
-// Who may import: the sessions of the owner's user (uids from the staging
-// socket's peer credentials; a session without them, e.g. over TCP, may
+// Who may import: the sessions of the owner's user (uids from the peer
+// credentials of their unix-socket connections; a TCP session has none and may
 // neither export nor import), any session, or nobody (Policy).
 //
 // Thread safety: all methods may be called from any thread.

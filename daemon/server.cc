@@ -2,7 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <sys/stat.h>
+#include <grpcpp/server_posix.h>
 #include <unistd.h>
 
 #include <utility>
@@ -19,6 +19,7 @@
 #include "metrics_endpoint.h"
 #include "session_registry.h"
 #include "staging_listener.h"
+#include "unix_acceptor.h"
 #include "worker_pool.h"
 
 namespace flagos::daemon {
@@ -43,6 +44,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   for (const std::string& spec : options.listen) {
     absl::StatusOr<ListenEndpoint> endpoint = ParseListenEndpoint(spec);
     if (!endpoint.ok()) return endpoint.status();
+    if (options.socket_mode != 0 && !endpoint->unix_path.empty()) {
+      endpoint->mode = options.socket_mode;
+    }
+    // Fails early when another process listens there.
     if (absl::Status s = PrepareUnixSocket(*endpoint); !s.ok()) return s;
     server->listen_.push_back(*std::move(endpoint));
   }
@@ -91,6 +96,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                      options.open_deadline, server->op_limits_,
                                                      server->grants_.get());
   server->service_->set_record_dir(options.record_client_messages_dir);
+  server->service_->set_session_access(options.session_access);
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
     absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(
@@ -105,16 +111,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(server->service_.get());
+  // TCP endpoints are gRPC's; unix sockets the daemon accepts on itself
+  // (below), to read each connection's peer credentials.
   std::vector<int> ports(server->listen_.size(), 0);
   for (size_t i = 0; i < server->listen_.size(); ++i) {
+    if (!server->listen_[i].unix_path.empty()) continue;
     builder.AddListeningPort(server->listen_[i].uri, grpc::InsecureServerCredentials(),
                              &ports[i]);
   }
-  // Socket files are created owner-only; SecureUnixSocket then opens them
-  // as far as their mode says, so they are never wider open than that.
-  const mode_t old_umask = umask(0177);
   server->server_ = builder.BuildAndStart();
-  umask(old_umask);
   if (server->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "flagosd cannot listen on ", absl::StrJoin(options.listen, ", "),
@@ -128,7 +133,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       server->endpoints_.push_back(absl::StrCat(uri.substr(0, uri.rfind(':')), ":", ports[i]));
       continue;
     }
-    if (absl::Status s = SecureUnixSocket(endpoint); !s.ok()) return s;
+    grpc::Server* grpc_server = server->server_.get();
+    absl::StatusOr<std::unique_ptr<UnixAcceptor>> acceptor = UnixAcceptor::Start(
+        endpoint, "session socket",
+        [grpc_server](int fd) { grpc::AddInsecureChannelFromFd(grpc_server, fd); });
+    if (!acceptor.ok()) return acceptor.status();
+    server->session_sockets_.push_back(*std::move(acceptor));
     server->endpoints_.push_back(
         absl::StartsWith(endpoint.unix_path, "/") ? absl::StrCat("unix://", endpoint.unix_path)
                                                   : endpoint.uri);
@@ -164,6 +174,7 @@ Server::~Server() {
 void Server::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
   if (health_ != nullptr) health_->Release();
+  for (const auto& socket : session_sockets_) socket->Stop();
   registry_->CancelAll();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }

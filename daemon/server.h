@@ -17,6 +17,7 @@
 #include "memory_grants.h"
 #include "op_limits.h"
 #include "pending_opens.h"
+#include "session_access.h"
 
 namespace grpc {
 class Server;
@@ -31,6 +32,7 @@ class Metrics;
 class MetricsEndpoint;
 class SessionRegistry;
 class StagingListener;
+class UnixAcceptor;
 class WorkerPool;
 
 // The largest gRPC message flagosd sends or accepts.
@@ -44,6 +46,11 @@ inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9400";
 
 struct ServerOptions {
   std::vector<std::string> listen = {kDefaultListen};
+  // The mode of the unix socket files (--socket-mode); 0: the endpoint's
+  // default (0660 for the system socket, 0600 for any other path).
+  mode_t socket_mode = 0;
+  // Who may open a session (--allow-uid, --allow-gid).
+  SessionAccess session_access;
   int max_sessions = 256;
   // Threads per device that run every session's stream queues
   // (--workers-per-device); 0: DefaultWorkersPerDevice().
@@ -129,6 +136,8 @@ class Server {
   std::unique_ptr<StagingListener> staging_;
   std::unique_ptr<FlagosService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // The unix --listen sockets, whose connections go to server_.
+  std::vector<std::unique_ptr<UnixAcceptor>> session_sockets_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<HealthCheck> health_;
   std::vector<ListenEndpoint> listen_;

@@ -69,9 +69,12 @@ std::string Capped(const std::string& text, size_t limit) {
 Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend,
                  ReplyWriter::WriteFn write, ReplyWriter::EndFn end,
                  std::vector<WorkerPool*> pools, DeviceActivity* activity, Metrics* metrics,
-                 const OpLimits& op_limits, MemoryGrants* grants)
+                 const OpLimits& op_limits, MemoryGrants* grants,
+                 std::optional<PeerCredentials> peer)
     : id_(id),
-      pid_(open.pid()),
+      pid_(peer ? peer->pid : open.pid()),
+      peer_known_(peer.has_value()),
+      gid_(peer ? peer->gid : -1),
       client_(Capped(open.client(), kMaxClientNameBytes)),
       torch_version_(Capped(open.torch_version(), kMaxTorchVersionBytes)),
       command_line_(Capped(open.command_line(), kMaxCommandLineBytes)),
@@ -86,7 +89,9 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
                }),
       pools_(std::move(pools)),
       ops_(OpRunner::Create(backend, op_limits)),
-      staging_token_(NewToken()) {}
+      staging_token_(NewToken()) {
+  if (peer) uid_.store(peer->uid, std::memory_order_relaxed);
+}
 
 Session::~Session() { Close(); }
 
@@ -94,9 +99,9 @@ v1::SessionInfo Session::Info() const {
   v1::SessionInfo info;
   info.set_id(id_);
   info.set_pid(pid_);
-  // Known once the client attached its staging region (the staging
-  // socket's peer credentials); gRPC does not expose them.
   info.set_uid(static_cast<uint32_t>(std::max<int64_t>(uid_.load(std::memory_order_relaxed), 0)));
+  info.set_gid(gid_);
+  info.set_credentials_from_kernel(peer_known_);
   info.set_client(client_);
   info.set_segment_bytes(segments_.total_bytes());
   info.set_segments(segments_.size());
@@ -141,6 +146,14 @@ absl::Status Session::AttachStaging(const v1::StagingAttach& attach, int fd, int
         "the staging attach for session ", id_,
         " carries the wrong token; only the process that opened the session may attach"));
   }
+  const int64_t session_uid = uid_.load(std::memory_order_relaxed);
+  if (peer_known_ && uid != session_uid) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the staging attach for session ", id_, " comes from uid ", uid,
+        "; the session belongs to uid ", session_uid,
+        "; only the process that opened the session may attach"));
+  }
   {
     absl::MutexLock lock(&staging_mu_);
     if (staging_ != nullptr) {
@@ -161,7 +174,7 @@ absl::Status Session::AttachStaging(const v1::StagingAttach& attach, int fd, int
   // copies are memcpy); copies work unpinned either way.
   staging_registered_ =
       backend_.runtime().HostRegister(staging_->data(), staging_->data_bytes()).ok();
-  if (uid >= 0) uid_.store(uid, std::memory_order_relaxed);
+  if (!peer_known_ && uid >= 0) uid_.store(uid, std::memory_order_relaxed);
   LogInfo(absl::StrCat("session ", id_, " (pid ", pid_, "): staging region of ",
                        staging_->data_bytes(), " bytes attached"));
   return absl::OkStatus();

@@ -74,6 +74,7 @@
 #include "memory_grants.h"
 #include "metrics.h"
 #include "op_runner.h"
+#include "peer_credentials.h"
 #include "segment_table.h"
 #include "pinned_region.h"
 #include "reply_writer.h"
@@ -113,11 +114,13 @@ class Session {
   // writes one message on the session stream (blocking, on the writer's
   // thread), `end` ends the session when the client leaves more than
   // kMaxUnreadReplyBytes of replies unread (reply_writer.h).
+  // `peer`: who connected, from the kernel (nullopt over TCP: the pid is
+  // then the one the client gave at `open`, the user unknown).
   Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend,
           ReplyWriter::WriteFn write, ReplyWriter::EndFn end,
           std::vector<WorkerPool*> pools, DeviceActivity* activity = nullptr,
           Metrics* metrics = nullptr, const OpLimits& op_limits = OpLimits(),
-          MemoryGrants* grants = nullptr);
+          MemoryGrants* grants = nullptr, std::optional<PeerCredentials> peer = std::nullopt);
   // Close().
   ~Session();
 
@@ -333,6 +336,10 @@ class Session {
   // Constant after construction.
   const uint64_t id_;
   const int64_t pid_;
+  // From the kernel when peer_known_; else the uid comes from the staging
+  // socket's credentials (-1 until then) and the gid is unknown.
+  const bool peer_known_;
+  const int64_t gid_;
   const std::string client_;
   const std::string torch_version_;
   const std::string command_line_;

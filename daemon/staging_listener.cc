@@ -2,15 +2,13 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,8 +17,10 @@
 #include "flagos/v1/flagos.pb.h"
 #include "listen_endpoint.h"
 #include "logging.h"
+#include "peer_credentials.h"
 #include "session.h"
 #include "session_registry.h"
+#include "unix_acceptor.h"
 #include "flagos/v1/wire.h"
 
 namespace flagos::daemon {
@@ -28,10 +28,6 @@ namespace {
 
 // An attach message is a few dozen bytes; anything larger is not a client.
 constexpr uint32_t kMaxAttachBytes = 4096;
-
-absl::Status Errno(absl::string_view what) {
-  return absl::FailedPreconditionError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
 
 bool SendReply(int fd, const absl::Status& status) {
   v1::StagingAttached reply;
@@ -48,98 +44,48 @@ absl::StatusOr<std::unique_ptr<StagingListener>> StagingListener::Start(
   endpoint.uri = absl::StrCat("unix://", path);
   endpoint.unix_path = path;
   endpoint.mode = mode;
-  if (absl::Status s = PrepareUnixSocket(endpoint); !s.ok()) return s;
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the staging socket path ", path, " is too long for a unix socket; choose a shorter "
-        "--listen path"));
-  }
-  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Errno("cannot create the staging socket");
-  const mode_t old_umask = umask(0177);
-  const int bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  umask(old_umask);
-  if (bound != 0 || listen(fd, 64) != 0) {
-    absl::Status s = Errno(absl::StrCat("cannot listen on the staging socket ", path));
-    close(fd);
-    return s;
-  }
-  if (absl::Status s = SecureUnixSocket(endpoint); !s.ok()) {
-    close(fd);
-    return s;
-  }
-  const int wake = eventfd(0, EFD_CLOEXEC);
-  if (wake < 0) {
-    absl::Status s = Errno("cannot create an eventfd for the staging listener");
-    close(fd);
-    return s;
-  }
-  std::unique_ptr<StagingListener> listener(
-      new StagingListener(std::move(path), fd, wake, registry));
-  listener->thread_ = std::thread(&StagingListener::Run, listener.get());
+  std::unique_ptr<StagingListener> listener(new StagingListener(std::move(path), registry));
+  absl::StatusOr<std::unique_ptr<UnixAcceptor>> acceptor = UnixAcceptor::Start(
+      endpoint, "staging listener", [self = listener.get()](int fd) { self->Accepted(fd); });
+  if (!acceptor.ok()) return acceptor.status();
+  listener->acceptor_ = *std::move(acceptor);
   return listener;
 }
 
-StagingListener::StagingListener(std::string path, int listen_fd, int wake_fd,
-                                 SessionRegistry* registry)
-    : path_(std::move(path)), listen_fd_(listen_fd), wake_fd_(wake_fd), registry_(*registry) {}
+StagingListener::StagingListener(std::string path, SessionRegistry* registry)
+    : path_(std::move(path)), registry_(*registry) {}
 
 StagingListener::~StagingListener() { Stop(); }
 
 void StagingListener::Stop() {
-  if (stopped_) return;
-  stopped_ = true;
-  const uint64_t one = 1;
-  (void)write(wake_fd_, &one, sizeof(one));
-  if (thread_.joinable()) thread_.join();
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &attaching_));
-  }
-  close(listen_fd_);
-  close(wake_fd_);
-  unlink(path_.c_str());
+  if (acceptor_ == nullptr) return;
+  acceptor_->Stop();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &attaching_));
 }
 
-void StagingListener::Run() {
-  while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      LogError(absl::StrCat("staging listener: poll failed: ", std::strerror(errno)));
+void StagingListener::Accepted(int fd) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (attaching_ >= kMaxConcurrentAttaches) {
+      LogWarning(absl::StrCat("staging listener: ", kMaxConcurrentAttaches,
+                              " attaches in progress already; closed one more"));
+      close(fd);
       return;
     }
-    if (fds[1].revents != 0) return;
-    if (fds[0].revents == 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
-    {
-      absl::MutexLock lock(&mu_);
-      if (attaching_ >= kMaxConcurrentAttaches) {
-        LogWarning(absl::StrCat("staging listener: ", kMaxConcurrentAttaches,
-                                " attaches in progress already; closed one more"));
-        close(fd);
-        continue;
-      }
-      ++attaching_;
-    }
-    std::thread([this, fd] {
-      Serve(fd);
-      absl::MutexLock lock(&mu_);
-      --attaching_;
-    }).detach();
+    ++attaching_;
   }
+  std::thread([this, fd] {
+    Serve(fd);
+    absl::MutexLock lock(&mu_);
+    --attaching_;
+  }).detach();
 }
 
 void StagingListener::Serve(int fd) {
   const absl::Time deadline = absl::Now() + absl::Seconds(kAttachDeadlineSeconds);
   // The reply is a few bytes into an empty socket buffer: it cannot block.
-  ucred peer{};
-  socklen_t peer_len = sizeof(peer);
-  const bool have_peer = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0;
+  const absl::StatusOr<PeerCredentials> peer = ReadPeerCredentials(fd);
 
   // Read the frame; the memfd arrives with its first bytes.
   std::string frame;
@@ -219,12 +165,13 @@ void StagingListener::Serve(int fd) {
     status = session->AttachPinned(attach, std::exchange(memfd, -1));
   } else if (status.ok()) {
     status = session->AttachStaging(attach, std::exchange(memfd, -1),
-                                    have_peer ? static_cast<int64_t>(peer.uid) : -1);
+                                    peer.ok() ? peer->uid : -1);
   }
   if (memfd >= 0) close(memfd);
   if (!status.ok()) {
-    LogWarning(absl::StrCat("staging attach refused (peer pid ", have_peer ? peer.pid : -1,
-                            "): ", status.message()));
+    LogWarning(absl::StrCat("staging attach refused (",
+                            peer.ok() ? peer->ToString() : "peer unknown", "): ",
+                            status.message()));
   }
   // A staging region attached: the connection stays open as the session's
   // sync channel. A pinned region's attach ends with the answer.

@@ -25,7 +25,6 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -33,6 +32,7 @@
 namespace flagos::daemon {
 
 class SessionRegistry;
+class UnixAcceptor;
 
 inline constexpr int kMaxConcurrentAttaches = 16;
 inline constexpr int kAttachDeadlineSeconds = 5;
@@ -51,23 +51,22 @@ class StagingListener {
 
   const std::string& path() const { return path_; }
 
-  // Stops serving, joins the threads (an attach in progress ends by its
+  // Stops serving, waits for the attaches in progress (each ends by its
   // deadline) and removes the socket file. Idempotent.
   void Stop();
 
  private:
-  StagingListener(std::string path, int listen_fd, int wake_fd, SessionRegistry* registry);
-  void Run();
+  StagingListener(std::string path, SessionRegistry* registry);
+  // An accepted connection: served on a thread of its own, or closed when
+  // kMaxConcurrentAttaches are in progress.
+  void Accepted(int fd);
   // Handles one attach connection (closes `fd`, or hands it to the
   // session as its sync channel), within the attach deadline.
   void Serve(int fd);
 
   const std::string path_;
-  const int listen_fd_;
-  const int wake_fd_;  // an eventfd that ends Run
   SessionRegistry& registry_;
-  std::thread thread_;
-  bool stopped_ = false;
+  std::unique_ptr<UnixAcceptor> acceptor_;
   absl::Mutex mu_;
   int attaching_ ABSL_GUARDED_BY(mu_) = 0;  // Serve calls in progress
 };

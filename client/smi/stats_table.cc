@@ -61,15 +61,19 @@ std::string FormatStats(const std::string& endpoint, const v1::GetStatsResponse&
                           Bytes(d.used_memory()), Bytes(d.total_memory()), memory,
                           100.0 * Utilization(d, previous, seconds_since_previous));
   }
-  absl::StrAppendFormat(&out, "\n%-7s %-8s %-6s %-9s %7s %11s %10s %7s  %s\n", "SESSION", "PID",
-                        "UID", "TORCH", "STREAMS", "MEMORY", "COMMANDS", "STAGING",
+  absl::StrAppendFormat(&out, "\n%-7s %-8s %-6s %-6s %-9s %7s %11s %10s %7s  %s\n", "SESSION",
+                        "PID", "UID", "GID", "TORCH", "STREAMS", "MEMORY", "COMMANDS", "STAGING",
                         "CLIENT / COMMAND");
   if (stats.sessions().empty()) absl::StrAppend(&out, "(none)\n");
   for (const v1::SessionInfo& s : stats.sessions()) {
     std::string what = s.client();
     if (!s.command_line().empty()) absl::StrAppend(&what, ": ", s.command_line());
+    // The user and group are the kernel's (unix sockets); a TCP session's
+    // are unknown, and its pid is what the client said.
+    const bool known = s.credentials_from_kernel();
     std::string line = absl::StrFormat(
-        "%-7d %-8d %-6d %-9s %7d %11s %10d %7s  ", s.id(), s.pid(), s.uid(),
+        "%-7d %-8d %-6s %-6s %-9s %7d %11s %10d %7s  ", s.id(), s.pid(),
+        known ? absl::StrCat(s.uid()) : "?", known ? absl::StrCat(s.gid()) : "?",
         s.torch_version().empty() ? "?" : s.torch_version().substr(0, 9), s.streams(),
         Bytes(s.segment_bytes()), s.commands(), s.staging_attached() ? "shm" : "inline");
     if (width > 0 && line.size() + what.size() > static_cast<size_t>(width)) {

@@ -1411,6 +1411,31 @@ TEST_F(ServerTest, StatsCountSessionsSegmentsAndCommands) {
   EXPECT_GE(stats.sessions_total(), 1u);
 }
 
+TEST_F(ServerTest, ASessionsUserAndProcessAreTheKernelsNotTheClientsWord) {
+  // The client claims another pid; the session's connection says who it is.
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream =
+      stub_->Session(&context);
+  v1::ClientMessage open;
+  open.mutable_open()->set_version(1);
+  open.mutable_open()->set_pid(1);
+  ASSERT_TRUE(stream->Write(open));
+  v1::ServerMessage reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_opened());
+  // A unix-socket session is offered the staging region.
+  EXPECT_FALSE(reply.opened().staging_socket().empty());
+  v1::GetStatsResponse stats = Stats();
+  ASSERT_EQ(stats.sessions_size(), 1);
+  const v1::SessionInfo& info = stats.sessions(0);
+  EXPECT_TRUE(info.credentials_from_kernel());
+  EXPECT_EQ(info.pid(), getpid());
+  EXPECT_EQ(info.uid(), getuid());
+  EXPECT_EQ(info.gid(), getgid());
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST_F(ServerTest, EndOfStreamFreesEverySegment) {
   {
     RawSession session(stub_.get());
@@ -1619,14 +1644,31 @@ TEST_F(ServerTest, SharingCommandsCheckWhatTheyName) {
 }
 
 TEST_F(ServerTest, SharingNeedsTheSessionsUserByDefault) {
+  // A unix-socket session's user is its connection's (the kernel's): it
+  // may share. A TCP session has no user: it may not.
+  ServerOptions options = DefaultServerOptions();
+  options.listen.push_back("127.0.0.1:0");
+  Restart(DefaultBackendOptions(), options);
   RawSession session(stub_.get());
   session.Open();
-  const uint64_t seg = session.AllocateOk(64);
-  v1::Completion refused = session.Call(ExportMemory(seg));
-  EXPECT_EQ(refused.code(), static_cast<int>(grpc::StatusCode::PERMISSION_DENIED));
-  EXPECT_TRUE(absl::StrContains(refused.message(), "staging socket's peer credentials"))
-      << refused.message();
+  EXPECT_EQ(session.Call(ExportMemory(session.AllocateOk(64))).code(), 0);
   EXPECT_TRUE(session.End().ok());
+  ASSERT_EQ(server_->endpoints().size(), 2u);
+  std::unique_ptr<v1::Flagos::Stub> tcp = v1::Flagos::NewStub(
+      grpc::CreateChannel(server_->endpoints()[1], grpc::InsecureChannelCredentials()));
+  RawSession remote(tcp.get());
+  remote.Open();
+  v1::Completion refused = remote.Call(ExportMemory(remote.AllocateOk(64)));
+  EXPECT_EQ(refused.code(), static_cast<int>(grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_TRUE(absl::StrContains(refused.message(), "this session came over TCP"))
+      << refused.message();
+  // Its pid is the client's word, its user unknown.
+  v1::GetStatsResponse stats = Stats();
+  ASSERT_EQ(stats.sessions_size(), 1);
+  EXPECT_FALSE(stats.sessions(0).credentials_from_kernel());
+  EXPECT_EQ(stats.sessions(0).gid(), -1);
+  EXPECT_EQ(stats.sessions(0).pid(), getpid());
+  EXPECT_TRUE(remote.End().ok());
   StartServer(MemoryGrants::Policy::kOff);
   RawSession off(stub_.get());
   off.Open();
