@@ -55,6 +55,10 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
     session["id"] = s.id();
     session["pid"] = s.pid();
     session["uid"] = s.uid();
+    session["gid"] = s.gid();
+    // pid, uid and gid are the kernel's (a unix-socket session); else the
+    // pid is the client's word and uid and gid are unknown.
+    session["credentials_from_kernel"] = s.credentials_from_kernel();
     session["client"] = s.client();
     session["torch_version"] = s.torch_version();
     session["segment_bytes"] = s.segment_bytes();

@@ -2312,9 +2312,11 @@ TEST_F(OneWorkerTest, AClientThatDoesNotReadItsRepliesHoldsNoWorkerAndIsEnded) {
     ASSERT_EQ(data.code(), 0) << data.message();
     EXPECT_TRUE(data.data() == std::string(4096, static_cast<char>(i))) << "copy " << i;
   }
-  // The deaf session ends: only the other one is left, holding its 4096 bytes.
+  // The deaf session ends: only the other one is left, holding its 4096
+  // bytes, once the deaf one also finished closing (a closing session holds
+  // its segments until its running commands returned).
   v1::GetStatsResponse stats = Stats();
-  while (stats.sessions_size() != 1) {
+  while (stats.sessions_size() != 1 || stats.closing_sessions_size() != 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     stats = Stats();
   }
