@@ -74,6 +74,15 @@ def finish(proc: subprocess.Popen[str]) -> None:
     proc.communicate(input="", timeout=60)
 
 
+def nobodys_report(endpoint: str, read_line) -> tuple[int, dict]:
+    """Runs CLIENT as nobody to its report and its end: (its pid, the report)."""
+    proc = spawn_as(NOBODY, NOBODY, endpoint)
+    try:
+        return proc.pid, report_of(proc, read_line)
+    finally:
+        finish(proc)
+
+
 def test_a_sessions_user_group_and_pid_are_the_clients(start_daemon, read_line) -> None:
     daemon = start_daemon(extra_args=["--socket-mode=0666"])
     proc = spawn_as(NOBODY, NOBODY, daemon.endpoint)
@@ -108,17 +117,13 @@ def test_a_sessions_user_group_and_pid_are_the_clients(start_daemon, read_line) 
 def test_allow_uid_refuses_another_user_and_serves_on(start_daemon, read_line,
                                                        run_python) -> None:
     daemon = start_daemon(extra_args=["--socket-mode=0666", "--allow-uid=root"])
-    proc = spawn_as(NOBODY, NOBODY, daemon.endpoint)
-    try:
-        report = report_of(proc, read_line)
-    finally:
-        finish(proc)
+    pid, report = nobodys_report(daemon.endpoint, read_line)
     assert report.get("error"), report
-    assert (f"uid {NOBODY} (gid {NOBODY}, pid {proc.pid}) may not open a session: this "
+    assert (f"uid {NOBODY} (gid {NOBODY}, pid {pid}) may not open a session: this "
             "flagosd admits only --allow-uid=0; ask the node's administrator to add the user "
             "or one of its groups") in report["error"], report["error"]
     assert "PERMISSION_DENIED" in report["error"], report["error"]
-    assert f"session refused (pid {proc.pid}, uid {NOBODY}, gid {NOBODY})" in daemon.log()
+    assert f"session refused (pid {pid}, uid {NOBODY}, gid {NOBODY})" in daemon.log()
     # The daemon serves its allowed users on.
     ok = run_python("import torch, torch_fl; print(float((torch.ones(3, device='flagos') * 2)"
                     ".sum().cpu()))", env={"FLAGOS_ENDPOINT": daemon.endpoint})
@@ -130,24 +135,16 @@ def test_allow_uid_refuses_another_user_and_serves_on(start_daemon, read_line,
 def test_allow_gid_admits_the_groups_members(start_daemon, read_line) -> None:
     daemon = start_daemon(extra_args=["--socket-mode=0666", f"--allow-gid={NOBODY}",
                                       "--allow-uid=root"])
-    proc = spawn_as(NOBODY, NOBODY, daemon.endpoint)
-    try:
-        report = report_of(proc, read_line)
-        assert "error" not in report, report
-        assert report["sum"] == 8.0
-    finally:
-        finish(proc)
+    _, report = nobodys_report(daemon.endpoint, read_line)
+    assert "error" not in report, report
+    assert report["sum"] == 8.0
 
 
 def test_the_socket_mode_keeps_other_users_out(start_daemon, read_line) -> None:
     # A private daemon's socket is its user's only (0600).
     daemon = start_daemon()
     assert Path(daemon.socket).stat().st_mode & 0o777 == 0o600
-    proc = spawn_as(NOBODY, NOBODY, daemon.endpoint)
-    try:
-        report = report_of(proc, read_line)
-    finally:
-        finish(proc)
+    _, report = nobodys_report(daemon.endpoint, read_line)
     assert report.get("error"), report
     path = daemon.endpoint.removeprefix("unix://")
     assert (f"permission denied on {path}: ask the node's administrator for access to flagosd"
