@@ -204,7 +204,8 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
     if (metrics_ != nullptr) metrics_->CountSessionRefused();
     return Counted(ToGrpc(allowed));
   }
-  absl::StatusOr<uint64_t> id = registry_.Admit([context] { context->TryCancel(); });
+  absl::StatusOr<uint64_t> id =
+      registry_.Admit([context] { context->TryCancel(); }, peer ? peer->uid : -1);
   if (!id.ok()) {
     if (metrics_ != nullptr) metrics_->CountSessionRefused();
     return Counted(ToGrpc(id.status()));
@@ -238,7 +239,7 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
   };
   auto session = std::make_shared<daemon::Session>(
       *id, open, backend_, write, end_session, pools_, &activity_, metrics_, op_limits_,
-      grants_, peer);
+      grants_, peer, quotas_);
   registry_.Attach(*id, session);
   LogInfo(absl::StrCat(
       "session ", *id, " opened (",

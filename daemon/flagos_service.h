@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "device_activity.h"
 #include "memory_grants.h"
+#include "memory_quotas.h"
 #include "metrics.h"
 #include "op_limits.h"
 #include "pending_opens.h"
@@ -52,6 +53,9 @@ class FlagosService final : public v1::Flagos::Service {
   void set_record_dir(std::string dir) { record_dir_ = std::move(dir); }
   // Who may open a session; before the first call.
   void set_session_access(SessionAccess access) { access_ = std::move(access); }
+  // The device-memory quotas every session counts in (may stay null: none);
+  // before the first call, and outliving the sessions.
+  void set_memory_quotas(MemoryQuotas* quotas) { quotas_ = quotas; }
 
   // Streams waiting for their `open`.
   size_t pending_opens() const { return pending_opens_.waiting(); }
@@ -89,6 +93,7 @@ class FlagosService final : public v1::Flagos::Service {
   std::string staging_socket_;
   std::string record_dir_;
   SessionAccess access_;
+  MemoryQuotas* quotas_ = nullptr;
   PendingOpens pending_opens_;
 };
 

@@ -51,6 +51,17 @@ ABSL_FLAG(std::vector<std::string>, allow_uid, {},
 ABSL_FLAG(std::vector<std::string>, allow_gid, {},
           "Groups whose members may open a session (names or gids, comma-separated; the "
           "peer's primary and supplementary groups count). See --allow-uid.");
+ABSL_FLAG(flagos::daemon::ByteSize, session_memory_limit, flagos::daemon::ByteSize{0},
+          "Most device memory one session may hold on each device (bytes, or a number with a "
+          "suffix, as --device-memory); an allocation beyond it fails, and the client's "
+          "torch.OutOfMemoryError names the limit. 0 (the default): no limit.");
+ABSL_FLAG(flagos::daemon::ByteSize, uid_memory_limit, flagos::daemon::ByteSize{0},
+          "Most device memory the sessions of one user (the kernel's uid) may hold together on "
+          "each device, as --session-memory-limit; the error names the user's sessions and "
+          "what each holds. 0 (the default): no limit.");
+ABSL_FLAG(int, max_sessions_per_uid, 0,
+          "Most sessions one user (the kernel's uid) may have open at once; more are refused "
+          "with RESOURCE_EXHAUSTED. 0 (the default): only --max-sessions.");
 ABSL_FLAG(std::string, backend, "auto",
           "Device backend: auto, cpu or kunlunxin. kunlunxin drives Kunlun P800 devices "
           "through the vendor runtime libxpurt, loaded at start from $FLAGOS_KUNLUNXIN_XPURT, "
@@ -274,6 +285,9 @@ int Run(int argc, char** argv) {
   if (!allowed_gids.ok()) return Fail(allowed_gids.status().message());
   server_options.session_access.uids = *std::move(allowed_uids);
   server_options.session_access.gids = *std::move(allowed_gids);
+  server_options.memory_limits.session_bytes = absl::GetFlag(FLAGS_session_memory_limit).bytes;
+  server_options.memory_limits.uid_bytes = absl::GetFlag(FLAGS_uid_memory_limit).bytes;
+  server_options.max_sessions_per_uid = absl::GetFlag(FLAGS_max_sessions_per_uid);
   absl::StatusOr<MemoryGrants::Policy> sharing =
       MemoryGrants::ParsePolicy(absl::GetFlag(FLAGS_memory_sharing));
   if (!sharing.ok()) return Fail(sharing.status().message());
@@ -315,6 +329,20 @@ int Run(int argc, char** argv) {
                        " tensor elements per call (--max-op-elements), ",
                        FormatByteSize(op_limits.max_host_memory_bytes),
                        " of host memory per kernel (--max-op-host-memory)"));
+  // Who may use the devices, and how much.
+  const auto limit = [](uint64_t bytes) {
+    return bytes == 0 ? std::string("none") : FormatByteSize(bytes);
+  };
+  LogInfo(absl::StrCat(
+      "sessions: ", server_options.session_access.restricted()
+                        ? server_options.session_access.Describe()
+                        : std::string("whoever can open the socket"),
+      "; device memory per session and device ", limit(server_options.memory_limits.session_bytes),
+      " (--session-memory-limit), per user and device ",
+      limit(server_options.memory_limits.uid_bytes), " (--uid-memory-limit); sessions per user ",
+      server_options.max_sessions_per_uid == 0 ? std::string("no limit")
+                                               : absl::StrCat(server_options.max_sessions_per_uid),
+      " (--max-sessions-per-uid)"));
   // systemd Type=notify: ready once the devices are up and the sockets
   // listen (a no-op when not started by systemd).
   sd_notify(0, absl::StrCat("READY=1\nSTATUS=", ready).c_str());

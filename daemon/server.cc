@@ -64,7 +64,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     pools.push_back(server->pools_.back().get());
   }
   if (!options.metrics_listen.empty()) server->metrics_ = std::make_unique<Metrics>(devices);
-  server->registry_ = std::make_unique<SessionRegistry>(options.max_sessions);
+  if (options.max_sessions_per_uid < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-sessions-per-uid must be 0 (no limit) or more, got ", options.max_sessions_per_uid));
+  }
+  server->registry_ =
+      std::make_unique<SessionRegistry>(options.max_sessions, options.max_sessions_per_uid);
+  server->quotas_ = std::make_unique<MemoryQuotas>(options.memory_limits);
   server->grants_ = std::make_unique<MemoryGrants>(options.memory_sharing);
   if (server->metrics_ != nullptr) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
@@ -97,6 +103,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                      server->grants_.get());
   server->service_->set_record_dir(options.record_client_messages_dir);
   server->service_->set_session_access(options.session_access);
+  server->service_->set_memory_quotas(server->quotas_.get());
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
     absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(

@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "listen_endpoint.h"
 #include "memory_grants.h"
+#include "memory_quotas.h"
 #include "op_limits.h"
 #include "pending_opens.h"
 #include "session_access.h"
@@ -51,6 +52,10 @@ struct ServerOptions {
   mode_t socket_mode = 0;
   // Who may open a session (--allow-uid, --allow-gid).
   SessionAccess session_access;
+  // --session-memory-limit, --uid-memory-limit (0: none).
+  MemoryLimits memory_limits;
+  // --max-sessions-per-uid (0: none).
+  int max_sessions_per_uid = 0;
   int max_sessions = 256;
   // Threads per device that run every session's stream queues
   // (--workers-per-device); 0: DefaultWorkersPerDevice().
@@ -126,6 +131,7 @@ class Server {
 
   // First: every session (and the service) holding it goes before it.
   std::unique_ptr<MemoryGrants> grants_;
+  std::unique_ptr<MemoryQuotas> quotas_;
   std::unique_ptr<DeviceActivity> activity_;
   // One per device: the threads that run the sessions' stream queues.
   // Destroyed after every session (declared before them).

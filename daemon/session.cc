@@ -70,11 +70,13 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
                  ReplyWriter::WriteFn write, ReplyWriter::EndFn end,
                  std::vector<WorkerPool*> pools, DeviceActivity* activity, Metrics* metrics,
                  const OpLimits& op_limits, MemoryGrants* grants,
-                 std::optional<PeerCredentials> peer)
+                 std::optional<PeerCredentials> peer, MemoryQuotas* quotas)
     : id_(id),
       pid_(peer ? peer->pid : open.pid()),
       peer_known_(peer.has_value()),
       gid_(peer ? peer->gid : -1),
+      quota_uid_(peer ? peer->uid : -1),
+      quotas_(quotas),
       client_(Capped(open.client(), kMaxClientNameBytes)),
       torch_version_(Capped(open.torch_version(), kMaxTorchVersionBytes)),
       command_line_(Capped(open.command_line(), kMaxCommandLineBytes)),
@@ -415,6 +417,18 @@ void Session::Dispatch(v1::Command command, bool ordered) {
 
 void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
   DeviceRuntime& runtime = backend_.runtime();
+  DeviceMetrics* metrics = MetricsFor(device);
+  if (quotas_ != nullptr) {
+    if (absl::Status s = quotas_->Reserve(id_, quota_uid_, device, nbytes); !s.ok()) {
+      if (metrics != nullptr) metrics->CountOutOfMemory();
+      return ReplyError(seq, "allocate", s);
+    }
+  }
+  // Gives the reservation back when the allocation fails.
+  const auto refuse = [this, seq, device, nbytes](const absl::Status& status) {
+    if (quotas_ != nullptr) quotas_->Release(id_, quota_uid_, device, nbytes);
+    ReplyError(seq, "allocate", status);
+  };
   absl::StatusOr<DevicePtr> ptr = runtime.Malloc(device, nbytes);
   if (absl::IsResourceExhausted(ptr.status())) {
     // Frees the client already sent may still wait behind queued work:
@@ -430,23 +444,19 @@ void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
     }
     if (waited) ptr = runtime.Malloc(device, nbytes);
   }
-  DeviceMetrics* metrics = MetricsFor(device);
   if (!ptr.ok()) {
     if (metrics != nullptr && absl::IsResourceExhausted(ptr.status())) metrics->CountOutOfMemory();
-    return ReplyError(seq, "allocate", ptr.status());
+    return refuse(ptr.status());
   }
   if (absl::Status s = ClearNewSegment(device, *ptr, nbytes); !s.ok()) {
     (void)runtime.Free(device, *ptr);
-    return ReplyError(seq, "allocate",
-                      absl::Status(s.code(), absl::StrCat("clearing the new segment of ", nbytes,
-                                                          " bytes: ", s.message())));
+    return refuse(absl::Status(
+        s.code(), absl::StrCat("clearing the new segment of ", nbytes, " bytes: ", s.message())));
   }
   if (absl::Status s = segments_.Insert(device, *ptr, nbytes); !s.ok()) {
     (void)runtime.Free(device, *ptr);
-    return ReplyError(seq, "allocate",
-                      absl::InternalError(absl::StrCat("the backend returned memory that this "
-                                                       "session already holds: ",
-                                                       s.message())));
+    return refuse(absl::InternalError(absl::StrCat(
+        "the backend returned memory that this session already holds: ", s.message())));
   }
   if (metrics != nullptr) metrics->CountAllocation(nbytes);
   v1::Completion completion;
@@ -497,6 +507,9 @@ void Session::ExecuteFree(uint64_t seq, int device, DevicePtr addr) {
   {
     absl::WriterMutexLock lock(&memory_mu_);
     absl::StatusOr<Segment> segment = segments_.Remove(device, addr);
+    if (segment.ok() && quotas_ != nullptr) {
+      quotas_->Release(id_, quota_uid_, device, segment->nbytes);
+    }
     if (!segment.ok()) {
       status = segment.status();
     } else if (grants_ == nullptr || grants_->DropOwner(device, addr)) {
@@ -1590,6 +1603,7 @@ Session::CloseSummary Session::Close() {
   }
   absl::WriterMutexLock lock(&memory_mu_);
   for (const Segment& segment : segments_.TakeAll()) {
+    if (quotas_ != nullptr) quotas_->Release(id_, quota_uid_, segment.device, segment.nbytes);
     // A segment other sessions imported lives on until they release it.
     if (grants_ != nullptr && !grants_->DropOwner(segment.device, segment.addr)) continue;
     if (!FreeMemory(segment)) continue;

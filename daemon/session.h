@@ -72,6 +72,7 @@
 #include "device_activity.h"
 #include "flagos/v1/flagos.pb.h"
 #include "memory_grants.h"
+#include "memory_quotas.h"
 #include "metrics.h"
 #include "op_runner.h"
 #include "peer_credentials.h"
@@ -115,12 +116,15 @@ class Session {
   // thread), `end` ends the session when the client leaves more than
   // kMaxUnreadReplyBytes of replies unread (reply_writer.h).
   // `peer`: who connected, from the kernel (nullopt over TCP: the pid is
-  // then the one the client gave at `open`, the user unknown).
+  // then the one the client gave at `open`, the user unknown). `quotas`
+  // (may be null: none) bounds the device memory it and its user hold, and
+  // must outlive it.
   Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend,
           ReplyWriter::WriteFn write, ReplyWriter::EndFn end,
           std::vector<WorkerPool*> pools, DeviceActivity* activity = nullptr,
           Metrics* metrics = nullptr, const OpLimits& op_limits = OpLimits(),
-          MemoryGrants* grants = nullptr, std::optional<PeerCredentials> peer = std::nullopt);
+          MemoryGrants* grants = nullptr, std::optional<PeerCredentials> peer = std::nullopt,
+          MemoryQuotas* quotas = nullptr);
   // Close().
   ~Session();
 
@@ -340,6 +344,9 @@ class Session {
   // socket's credentials (-1 until then) and the gid is unknown.
   const bool peer_known_;
   const int64_t gid_;
+  // The user its memory counts for in quotas_ (-1: unknown).
+  const int64_t quota_uid_;
+  MemoryQuotas* const quotas_;
   const std::string client_;
   const std::string torch_version_;
   const std::string command_line_;

@@ -6,7 +6,7 @@
 
 namespace flagos::daemon {
 
-absl::StatusOr<uint64_t> SessionRegistry::Admit(std::function<void()> cancel) {
+absl::StatusOr<uint64_t> SessionRegistry::Admit(std::function<void()> cancel, int64_t uid) {
   absl::MutexLock lock(&mu_);
   if (stopping_) {
     return absl::UnavailableError("flagosd is shutting down and accepts no new sessions");
@@ -16,6 +16,16 @@ absl::StatusOr<uint64_t> SessionRegistry::Admit(std::function<void()> cancel) {
         "flagosd already serves ", sessions_.size(),
         " sessions, its limit; end other sessions or start flagosd with a larger "
         "--max-sessions"));
+  }
+  if (max_sessions_per_uid_ > 0 && uid >= 0) {
+    int of_user = 0;
+    for (const auto& [id, entry] : sessions_) of_user += entry.uid == uid ? 1 : 0;
+    if (of_user >= max_sessions_per_uid_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", uid, " has ", of_user, " sessions open, the most --max-sessions-per-uid=",
+          max_sessions_per_uid_, " allows one user; end another of its processes, or ask the "
+          "node's administrator for a larger limit"));
+    }
   }
   // A closing session may still run a command (on its sync channel's thread
   // too): bounding them bounds the commands and threads that sessions of
@@ -28,7 +38,7 @@ absl::StatusOr<uint64_t> SessionRegistry::Admit(std::function<void()> cancel) {
         "start flagosd with a larger --max-sessions"));
   }
   const uint64_t id = next_id_++;
-  sessions_.emplace(id, Entry{std::move(cancel), nullptr});
+  sessions_.emplace(id, Entry{std::move(cancel), uid, nullptr});
   return id;
 }
 

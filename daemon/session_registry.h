@@ -30,19 +30,23 @@ inline constexpr size_t kMinMaxClosingSessions = 16;
 
 class SessionRegistry {
  public:
-  explicit SessionRegistry(int max_sessions) : max_sessions_(max_sessions) {}
+  // `max_sessions_per_uid` (0: no limit) bounds the live sessions of one
+  // user (--max-sessions-per-uid).
+  explicit SessionRegistry(int max_sessions, int max_sessions_per_uid = 0)
+      : max_sessions_(max_sessions), max_sessions_per_uid_(max_sessions_per_uid) {}
   // WaitClosed().
   ~SessionRegistry();
 
   SessionRegistry(const SessionRegistry&) = delete;
   SessionRegistry& operator=(const SessionRegistry&) = delete;
 
-  // Admits a new session and returns its id. RESOURCE_EXHAUSTED when
-  // max_sessions sessions are live, or max_closing() are closing;
-  // UNAVAILABLE after CancelAll.
+  // Admits a new session of user `uid` (-1: unknown, never limited per
+  // user) and returns its id. RESOURCE_EXHAUSTED when max_sessions sessions
+  // are live, or max_sessions_per_uid of `uid`'s, or max_closing() are
+  // closing; UNAVAILABLE after CancelAll.
   // `cancel` ends the session's stream (called by CancelAll); it must stay
   // callable until Remove(id) returns.
-  absl::StatusOr<uint64_t> Admit(std::function<void()> cancel);
+  absl::StatusOr<uint64_t> Admit(std::function<void()> cancel, int64_t uid = -1);
   // Makes an admitted session visible to Snapshot.
   void Attach(uint64_t id, std::shared_ptr<Session> session);
   // Drops the session; after this `cancel` is never called.
@@ -73,6 +77,7 @@ class SessionRegistry {
  private:
   struct Entry {
     std::function<void()> cancel;
+    int64_t uid = -1;
     std::shared_ptr<Session> session;  // null until Attach
   };
 
@@ -84,6 +89,7 @@ class SessionRegistry {
   void JoinFinished();
 
   const int max_sessions_;
+  const int max_sessions_per_uid_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Closer> closing_ ABSL_GUARDED_BY(mu_);

@@ -34,6 +34,24 @@ TEST(SessionRegistryTest, ARetiredSessionFreesItsSlotWhileItsCloseStillRuns) {
   EXPECT_TRUE(registry.Admit([] {}).ok());
 }
 
+TEST(SessionRegistryTest, OneUsersSessionsAreBoundedOthersAndUnknownUsersAreNot) {
+  SessionRegistry registry(8, 2);
+  absl::StatusOr<uint64_t> first = registry.Admit([] {}, 1000);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(registry.Admit([] {}, 1000).ok());
+  const absl::Status third = registry.Admit([] {}, 1000).status();
+  EXPECT_TRUE(absl::IsResourceExhausted(third)) << third;
+  EXPECT_EQ(third.message(),
+            "uid 1000 has 2 sessions open, the most --max-sessions-per-uid=2 allows one user; "
+            "end another of its processes, or ask the node's administrator for a larger limit");
+  EXPECT_TRUE(registry.Admit([] {}, 1001).ok());
+  EXPECT_TRUE(registry.Admit([] {}, -1).ok());
+  EXPECT_TRUE(registry.Admit([] {}, -1).ok());
+  EXPECT_TRUE(registry.Admit([] {}, -1).ok());
+  registry.Remove(*first);
+  EXPECT_TRUE(registry.Admit([] {}, 1000).ok());
+}
+
 TEST(SessionRegistryTest, AtMostMaxClosingSessionsCloseAtOnce) {
   SessionRegistry registry(1);
   ASSERT_EQ(registry.max_closing(), kMinMaxClosingSessions);
