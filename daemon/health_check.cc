@@ -11,9 +11,11 @@
 
 namespace flagos::daemon {
 
-HealthCheck::HealthCheck(const Backend& backend, std::string endpoint, absl::Duration wedge_after)
+HealthCheck::HealthCheck(const Backend& backend, std::string endpoint, Connect connect,
+                         absl::Duration wedge_after)
     : backend_(backend),
       endpoint_(std::move(endpoint)),
+      connect_(std::move(connect)),
       wedge_at_(wedge_after == absl::InfiniteDuration() ? absl::InfiniteFuture()
                                                         : absl::Now() + wedge_after),
       pool_("health probes", backend.runtime().DeviceCount()) {
@@ -64,11 +66,7 @@ absl::Status HealthCheck::Check(absl::Duration timeout) {
 }
 
 absl::Status HealthCheck::CheckListener(absl::Duration timeout) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), args);
-  std::unique_ptr<v1::Flagos::Stub> stub = v1::Flagos::NewStub(channel);
+  std::unique_ptr<v1::Flagos::Stub> stub = v1::Flagos::NewStub(connect_());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + std::max(timeout, absl::Milliseconds(1))));
   v1::NegotiateRequest request;

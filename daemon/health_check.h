@@ -12,6 +12,7 @@
 #ifndef FLAGOS_DAEMON_HEALTH_CHECK_H_
 #define FLAGOS_DAEMON_HEALTH_CHECK_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "backend.h"
+#include "grpcpp/channel.h"
 #include "stream_queue.h"
 #include "worker_pool.h"
 
@@ -29,11 +31,15 @@ namespace flagos::daemon {
 
 class HealthCheck {
  public:
-  // `endpoint` is one the server listens on. `wedge_after`: for tests, each
-  // device probe started that long after construction blocks until
-  // Release() (a wedged device queue); InfiniteDuration() in production.
-  // `backend` must outlive the check.
-  HealthCheck(const Backend& backend, std::string endpoint, absl::Duration wedge_after);
+  // Makes a new channel to the listener the check calls Negotiate on.
+  using Connect = std::function<std::shared_ptr<grpc::Channel>()>;
+
+  // `endpoint` names the listener `connect` reaches (one the server listens
+  // on). `wedge_after`: for tests, each device probe started that long
+  // after construction blocks until Release() (a wedged device queue);
+  // InfiniteDuration() in production. `backend` must outlive the check.
+  HealthCheck(const Backend& backend, std::string endpoint, Connect connect,
+              absl::Duration wedge_after);
   // Release(), then joins the probe queues.
   ~HealthCheck();
 
@@ -59,6 +65,7 @@ class HealthCheck {
 
   const Backend& backend_;
   const std::string endpoint_;
+  const Connect connect_;
   const absl::Time wedge_at_;
   absl::Mutex release_mu_;
   bool released_ ABSL_GUARDED_BY(release_mu_) = false;

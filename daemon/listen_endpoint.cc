@@ -66,13 +66,7 @@ absl::StatusOr<ListenEndpoint> ParseListenEndpoint(absl::string_view spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--listen ", spec, ": expected unix:///path/to/socket or host:port"));
   }
-  const absl::string_view host = spec.substr(0, colon);
-  if (!IsLoopbackHost(host)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--listen ", spec, ": TCP listening on a non-loopback address needs TLS and a token, "
-        "which this flagosd does not support yet; listen on a unix socket or on "
-        "127.0.0.1:PORT and tunnel"));
-  }
+  endpoint.loopback = IsLoopbackHost(spec.substr(0, colon));
   return endpoint;
 }
 

@@ -21,12 +21,13 @@ struct ListenEndpoint {
   // Socket file mode: 0660 for the system socket (kDefaultListen, shared
   // with the `flagos` group), 0600 (owner only) for any other path.
   mode_t mode = 0600;
+  // TCP on localhost, 127.x.x.x or [::1].
+  bool loopback = false;
 };
 
 // Accepts "unix:///abs/path", "unix:/abs/path", "unix:relative/path" and
-// TCP "host:port" on a loopback host (localhost, 127.x.x.x, [::1]); TCP on
-// other addresses needs TLS, which flagosd does not offer yet.
-// INVALID_ARGUMENT naming the endpoint otherwise.
+// TCP "host:port" (which needs TLS, or --insecure-tcp on loopback:
+// remote_access.h). INVALID_ARGUMENT naming the endpoint otherwise.
 absl::StatusOr<ListenEndpoint> ParseListenEndpoint(absl::string_view spec);
 
 // Before listening on a unix socket: creates the parent directory (0755)

@@ -37,8 +37,22 @@ ABSL_FLAG(std::vector<std::string>, listen,
           "Endpoints to serve on; repeat the flag or separate them with commas. "
           "unix:///path/to/socket listens on a unix socket (the parent directory is created, "
           "a stale socket file is replaced; mode 0660 and group `flagos` for the default "
-          "system socket, 0600 for any other path). host:port listens on TCP, which is only "
-          "allowed on loopback (localhost, 127.0.0.1, [::1]) until TLS is supported.");
+          "system socket, 0600 for any other path; --socket-mode). host:port listens on TCP, "
+          "which needs --tls-cert, --tls-key and --token-file, or on loopback (localhost, "
+          "127.0.0.1, [::1]) --insecure-tcp.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain TCP endpoints serve TLS with (with --tls-key and --token-file).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates: with it, TCP clients must present a certificate that chains to "
+          "one of them (mutual TLS).");
+ABSL_FLAG(std::string, token_file, "",
+          "A file holding the bearer token every call over TCP must carry (clients: "
+          "FLAGOS_TOKEN or FLAGOS_TOKEN_FILE); compared in constant time, never logged. "
+          "Generate one with `openssl rand -hex 32`.");
+ABSL_FLAG(bool, insecure_tcp, false,
+          "Allow plaintext TCP on loopback --listen addresses (no TLS, no token, no user known: "
+          "anyone on this node may connect); for tests, or the end of an SSH tunnel.");
 ABSL_FLAG(std::string, socket_mode, "",
           "File mode of the unix sockets (octal, e.g. 0660): who may connect at all. Empty "
           "(the default): 0660 for the default system socket, 0600 for any other path.");
@@ -288,6 +302,11 @@ int Run(int argc, char** argv) {
   server_options.memory_limits.session_bytes = absl::GetFlag(FLAGS_session_memory_limit).bytes;
   server_options.memory_limits.uid_bytes = absl::GetFlag(FLAGS_uid_memory_limit).bytes;
   server_options.max_sessions_per_uid = absl::GetFlag(FLAGS_max_sessions_per_uid);
+  server_options.remote_access.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  server_options.remote_access.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  server_options.remote_access.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  server_options.remote_access.token_file = absl::GetFlag(FLAGS_token_file);
+  server_options.remote_access.insecure_tcp = absl::GetFlag(FLAGS_insecure_tcp);
   absl::StatusOr<MemoryGrants::Policy> sharing =
       MemoryGrants::ParsePolicy(absl::GetFlag(FLAGS_memory_sharing));
   if (!sharing.ok()) return Fail(sharing.status().message());

@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (options.socket_mode != 0 && !endpoint->unix_path.empty()) {
       endpoint->mode = options.socket_mode;
     }
+    if (absl::Status s = CheckTcpEndpoint(*endpoint, options.remote_access); !s.ok()) return s;
     // Fails early when another process listens there.
     if (absl::Status s = PrepareUnixSocket(*endpoint); !s.ok()) return s;
     server->listen_.push_back(*std::move(endpoint));
@@ -121,10 +122,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // TCP endpoints are gRPC's; unix sockets the daemon accepts on itself
   // (below), to read each connection's peer credentials.
   std::vector<int> ports(server->listen_.size(), 0);
+  std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
   for (size_t i = 0; i < server->listen_.size(); ++i) {
     if (!server->listen_[i].unix_path.empty()) continue;
-    builder.AddListeningPort(server->listen_[i].uri, grpc::InsecureServerCredentials(),
-                             &ports[i]);
+    if (tcp_credentials == nullptr) {
+      absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> made =
+          TcpServerCredentials(options.remote_access);
+      if (!made.ok()) return made.status();
+      tcp_credentials = *std::move(made);
+    }
+    builder.AddListeningPort(server->listen_[i].uri, tcp_credentials, &ports[i]);
   }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
@@ -150,7 +157,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StartsWith(endpoint.unix_path, "/") ? absl::StrCat("unix://", endpoint.unix_path)
                                                   : endpoint.uri);
   }
-  server->health_ = std::make_unique<HealthCheck>(*backend, server->endpoints_.front(),
+  // The listener probe goes through a unix socket or plaintext TCP
+  // endpoint; a daemon that serves only TLS is probed in-process.
+  std::string probed = "in-process";
+  HealthCheck::Connect connect = [grpc_server = server->server_.get()] {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    return grpc_server->InProcessChannel(args);
+  };
+  for (size_t i = 0; i < server->listen_.size(); ++i) {
+    if (server->listen_[i].unix_path.empty() && options.remote_access.tls()) continue;
+    probed = server->endpoints_[i];
+    connect = [probed] {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+      return grpc::CreateCustomChannel(probed, grpc::InsecureChannelCredentials(), args);
+    };
+    break;
+  }
+  server->health_ = std::make_unique<HealthCheck>(*backend, probed, std::move(connect),
                                                   options.test_wedge_health_probes_after);
   return server;
 }

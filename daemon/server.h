@@ -18,6 +18,7 @@
 #include "memory_quotas.h"
 #include "op_limits.h"
 #include "pending_opens.h"
+#include "remote_access.h"
 #include "session_access.h"
 
 namespace grpc {
@@ -56,6 +57,8 @@ struct ServerOptions {
   MemoryLimits memory_limits;
   // --max-sessions-per-uid (0: none).
   int max_sessions_per_uid = 0;
+  // TLS, the token and --insecure-tcp, for TCP endpoints.
+  RemoteAccessOptions remote_access;
   int max_sessions = 256;
   // Threads per device that run every session's stream queues
   // (--workers-per-device); 0: DefaultWorkersPerDevice().

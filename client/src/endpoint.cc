@@ -9,10 +9,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "channel_credentials.h"
+#include "flagos/v1/flagos.grpc.pb.h"
 #include "grpc/grpc.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -115,6 +118,18 @@ absl::Status ProbeTcpEndpoint(absl::string_view endpoint, absl::Duration timeout
   return absl::OkStatus();
 }
 
+// gRPC's reason for the channel's last failed connection attempt, from a
+// call that fails at once.
+std::string LastConnectionError(const std::shared_ptr<grpc::Channel>& channel) {
+  std::unique_ptr<v1::Flagos::Stub> stub = v1::Flagos::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  v1::NegotiateRequest request;
+  v1::NegotiateResponse response;
+  const grpc::Status status = stub->Negotiate(&context, request, &response);
+  return status.ok() ? std::string("it connected on retry") : status.error_message();
+}
+
 }  // namespace
 
 std::optional<std::string> UnixSocketPath(absl::string_view endpoint) {
@@ -146,6 +161,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToEndpoint(const std::stri
     absl::Status probe = ProbeTcpEndpoint(endpoint, timeout);
     if (!probe.ok()) return probe;
   }
+  absl::StatusOr<TcpSecurity> security = CredentialsForEndpoint(endpoint);
+  if (!security.ok()) return security.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -154,12 +171,32 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToEndpoint(const std::stri
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
-  if (!channel->WaitForConnected(absl::ToChronoTime(deadline))) {
-    return UnreachableError(endpoint,
-                            absl::StrCat("no connection within ", absl::FormatDuration(timeout)));
+      grpc::CreateCustomChannel(endpoint, security->credentials, args);
+  const bool tcp = !UnixSocketPath(endpoint).has_value();
+  while (true) {
+    const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_READY) return channel;
+    // A TLS or plaintext mismatch, or a certificate not trusted, fails every
+    // attempt alike: say so at once instead of retrying until the deadline.
+    if (tcp && state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      const std::string reason = LastConnectionError(channel);
+      if (IsTransportSecurityFailure(reason)) {
+        return absl::UnavailableError(absl::StrCat("flagos: cannot connect to flagosd at ",
+                                                   endpoint, ": ",
+                                                   ExplainTcpFailure(*security, reason)));
+      }
+    }
+    const absl::Time until = std::min(deadline, absl::Now() + absl::Milliseconds(100));
+    if (!channel->WaitForStateChange(state, absl::ToChronoTime(until)) &&
+        absl::Now() >= deadline) {
+      break;
+    }
   }
-  return channel;
+  const std::string waited = absl::StrCat("no connection within ", absl::FormatDuration(timeout));
+  if (!tcp) return UnreachableError(endpoint, waited);
+  return UnreachableError(
+      endpoint, ExplainTcpFailure(*security,
+                                  absl::StrCat(waited, ": ", LastConnectionError(channel))));
 }
 
 }  // namespace flagos::client

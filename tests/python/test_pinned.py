@@ -234,7 +234,7 @@ def test_without_shared_memory_pinning_falls_back_to_ordinary_memory(
         carrier: str, run_python, start_daemon) -> None:
     if carrier == "tcp":
         port = free_tcp_port()
-        start_daemon(extra_args=[f"--listen=127.0.0.1:{port}"])
+        start_daemon(extra_args=[f"--listen=127.0.0.1:{port}", "--insecure-tcp"])
         env = {"FLAGOS_ENDPOINT": f"127.0.0.1:{port}"}
     else:
         env = {"FLAGOS_STAGING": "0"}

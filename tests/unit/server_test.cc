@@ -1648,6 +1648,7 @@ TEST_F(ServerTest, SharingNeedsTheSessionsUserByDefault) {
   // may share. A TCP session has no user: it may not.
   ServerOptions options = DefaultServerOptions();
   options.listen.push_back("127.0.0.1:0");
+  options.remote_access.insecure_tcp = true;
   Restart(DefaultBackendOptions(), options);
   RawSession session(stub_.get());
   session.Open();
