@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -65,8 +67,16 @@ std::string FormatStats(const std::string& endpoint, const v1::GetStatsResponse&
                         "PID", "UID", "GID", "TORCH", "STREAMS", "MEMORY", "COMMANDS", "STAGING",
                         "CLIENT / COMMAND");
   if (stats.sessions().empty()) absl::StrAppend(&out, "(none)\n");
-  for (const v1::SessionInfo& s : stats.sessions()) {
-    std::string what = s.client();
+  // Sessions whose client left while a command of theirs ran hold their
+  // memory until it returns: listed after the live ones, marked.
+  std::vector<std::pair<const v1::SessionInfo*, bool>> rows;
+  for (const v1::SessionInfo& s : stats.sessions()) rows.push_back({&s, false});
+  for (const v1::SessionInfo& s : stats.closing_sessions()) rows.push_back({&s, true});
+  for (const auto& [info, closing] : rows) {
+    const v1::SessionInfo& s = *info;
+    std::string what = closing ? absl::StrCat("(closing: ", s.running_commands(),
+                                              " command(s) still running) ", s.client())
+                               : s.client();
     if (!s.command_line().empty()) absl::StrAppend(&what, ": ", s.command_line());
     // The user and group are the kernel's (unix sockets); a TCP session's
     // are unknown, and its pid is what the client said.
