@@ -83,10 +83,11 @@ TEST(WorkerPoolTest, AJobGoesToThePreferredWorkerWhenItIsIdle) {
   ASSERT_GE(first.load(), 0);
   ASSERT_LT(first.load(), 4);
   EXPECT_EQ(pool.CurrentWorker(), WorkerPool::kAnyWorker);  // not a worker thread
-  // Each of many jobs, scheduled after the previous one finished, runs on
-  // the worker asked for: it is idle by then (it went idle before the job
-  // signalled, or is about to; wait until the pool has it idle again).
+  // Each of many jobs, scheduled once the previous one finished and its
+  // worker is idle again (a job signals before its worker goes idle: wait
+  // until the pool has every worker idle), runs on the worker asked for.
   for (int i = 0; i < 50; ++i) {
+    while (pool.idle_workers() != 4) std::this_thread::yield();
     std::atomic<int> ran_on{WorkerPool::kAnyWorker};
     absl::Notification done;
     pool.Schedule(
@@ -97,7 +98,6 @@ TEST(WorkerPoolTest, AJobGoesToThePreferredWorkerWhenItIsIdle) {
         first.load());
     done.WaitForNotification();
     EXPECT_EQ(ran_on.load(), first.load());
-    while (pool.idle_workers() != 4) std::this_thread::yield();
   }
 }
 
