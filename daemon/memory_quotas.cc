@@ -22,31 +22,38 @@ std::string Bytes(uint64_t n) {
   return short_form == absl::StrCat(n) ? exact : absl::StrCat(short_form, " (", exact, ")");
 }
 
+// What the sessions of one (user, device) hold together.
+uint64_t Total(const std::map<uint64_t, uint64_t>& sessions) {
+  uint64_t total = 0;
+  for (const auto& [id, bytes] : sessions) total += bytes;
+  return total;
+}
+
 }  // namespace
 
 absl::Status MemoryQuotas::Reserve(uint64_t session, int64_t uid, int device, uint64_t nbytes) {
   absl::MutexLock lock(&mu_);
-  std::map<uint64_t, uint64_t>& sessions = held_[{uid, device}];
-  uint64_t& mine = sessions[session];
+  // Entries exist only for sessions holding bytes (Release erases at 0).
+  static const std::map<uint64_t, uint64_t> kNone;
+  auto user = held_.find({uid, device});
+  const std::map<uint64_t, uint64_t>& sessions = user == held_.end() ? kNone : user->second;
+  auto it = sessions.find(session);
+  const uint64_t mine = it == sessions.end() ? 0 : it->second;
   if (limits_.session_bytes != 0 && mine + nbytes > limits_.session_bytes) {
-    const uint64_t held = mine;
-    if (held == 0) sessions.erase(session);
     return absl::ResourceExhaustedError(absl::StrCat(
         "allocating ", Bytes(nbytes), " on flagos:", device, " would take session ", session,
-        " (", User(uid), ") beyond its limit: it holds ", Bytes(held),
+        " (", User(uid), ") beyond its limit: it holds ", Bytes(mine),
         " there, and --session-memory-limit is ", Bytes(limits_.session_bytes),
         " per session and device; free tensors (and torch.flagos.empty_cache()) or ask the "
         "node's administrator for a larger limit"));
   }
   if (limits_.uid_bytes != 0) {
-    uint64_t user_total = 0;
-    for (const auto& [id, bytes] : sessions) user_total += bytes;
+    const uint64_t user_total = Total(sessions);
     if (user_total + nbytes > limits_.uid_bytes) {
       std::vector<std::string> holders;
       for (const auto& [id, bytes] : sessions) {
-        if (bytes != 0) holders.push_back(absl::StrCat("session ", id, ": ", FormatByteSize(bytes)));
+        holders.push_back(absl::StrCat("session ", id, ": ", FormatByteSize(bytes)));
       }
-      if (mine == 0) sessions.erase(session);
       return absl::ResourceExhaustedError(absl::StrCat(
           "allocating ", Bytes(nbytes), " on flagos:", device, " for session ", session,
           " would take ", User(uid), " beyond its limit: its sessions hold ", Bytes(user_total),
@@ -56,7 +63,7 @@ absl::Status MemoryQuotas::Reserve(uint64_t session, int64_t uid, int device, ui
           "node's administrator for a larger limit"));
     }
   }
-  mine += nbytes;
+  held_[{uid, device}][session] += nbytes;
   return absl::OkStatus();
 }
 
@@ -83,10 +90,7 @@ uint64_t MemoryQuotas::session_bytes(uint64_t session, int device) const {
 uint64_t MemoryQuotas::uid_bytes(int64_t uid, int device) const {
   absl::MutexLock lock(&mu_);
   auto user = held_.find({uid, device});
-  if (user == held_.end()) return 0;
-  uint64_t total = 0;
-  for (const auto& [id, bytes] : user->second) total += bytes;
-  return total;
+  return user == held_.end() ? 0 : Total(user->second);
 }
 
 }  // namespace flagos::daemon

@@ -71,7 +71,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->registry_ =
       std::make_unique<SessionRegistry>(options.max_sessions, options.max_sessions_per_uid);
-  server->quotas_ = std::make_unique<MemoryQuotas>(options.memory_limits);
+  // Without limits nothing is counted: allocations take no quota lock.
+  if (options.memory_limits.session_bytes != 0 || options.memory_limits.uid_bytes != 0) {
+    server->quotas_ = std::make_unique<MemoryQuotas>(options.memory_limits);
+  }
   server->grants_ = std::make_unique<MemoryGrants>(options.memory_sharing);
   if (server->metrics_ != nullptr) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
@@ -160,18 +163,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // The listener probe goes through a unix socket or plaintext TCP
   // endpoint; a daemon that serves only TLS is probed in-process.
   std::string probed = "in-process";
-  HealthCheck::Connect connect = [grpc_server = server->server_.get()] {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-    return grpc_server->InProcessChannel(args);
+  grpc::ChannelArguments probe_args;
+  probe_args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  HealthCheck::Connect connect = [grpc_server = server->server_.get(), probe_args] {
+    return grpc_server->InProcessChannel(probe_args);
   };
   for (size_t i = 0; i < server->listen_.size(); ++i) {
     if (server->listen_[i].unix_path.empty() && options.remote_access.tls()) continue;
     probed = server->endpoints_[i];
-    connect = [probed] {
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-      return grpc::CreateCustomChannel(probed, grpc::InsecureChannelCredentials(), args);
+    connect = [probed, probe_args] {
+      return grpc::CreateCustomChannel(probed, grpc::InsecureChannelCredentials(), probe_args);
     };
     break;
   }

@@ -134,6 +134,7 @@ class Server {
 
   // First: every session (and the service) holding it goes before it.
   std::unique_ptr<MemoryGrants> grants_;
+  // Null when neither --session-memory-limit nor --uid-memory-limit is set.
   std::unique_ptr<MemoryQuotas> quotas_;
   std::unique_ptr<DeviceActivity> activity_;
   // One per device: the threads that run the sessions' stream queues.

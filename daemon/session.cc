@@ -74,8 +74,8 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
     : id_(id),
       pid_(peer ? peer->pid : open.pid()),
       peer_known_(peer.has_value()),
+      uid_(peer ? peer->uid : -1),
       gid_(peer ? peer->gid : -1),
-      quota_uid_(peer ? peer->uid : -1),
       quotas_(quotas),
       client_(Capped(open.client(), kMaxClientNameBytes)),
       torch_version_(Capped(open.torch_version(), kMaxTorchVersionBytes)),
@@ -91,9 +91,7 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
                }),
       pools_(std::move(pools)),
       ops_(OpRunner::Create(backend, op_limits)),
-      staging_token_(NewToken()) {
-  if (peer) uid_.store(peer->uid, std::memory_order_relaxed);
-}
+      staging_token_(NewToken()) {}
 
 Session::~Session() { Close(); }
 
@@ -101,7 +99,7 @@ v1::SessionInfo Session::Info() const {
   v1::SessionInfo info;
   info.set_id(id_);
   info.set_pid(pid_);
-  info.set_uid(static_cast<uint32_t>(std::max<int64_t>(uid_.load(std::memory_order_relaxed), 0)));
+  info.set_uid(static_cast<uint32_t>(std::max<int64_t>(uid_, 0)));
   info.set_gid(gid_);
   info.set_credentials_from_kernel(peer_known_);
   info.set_client(client_);
@@ -148,12 +146,11 @@ absl::Status Session::AttachStaging(const v1::StagingAttach& attach, int fd, int
         "the staging attach for session ", id_,
         " carries the wrong token; only the process that opened the session may attach"));
   }
-  const int64_t session_uid = uid_.load(std::memory_order_relaxed);
-  if (peer_known_ && uid != session_uid) {
+  if (peer_known_ && uid != uid_) {
     close(fd);
     return absl::PermissionDeniedError(absl::StrCat(
         "the staging attach for session ", id_, " comes from uid ", uid,
-        "; the session belongs to uid ", session_uid,
+        "; the session belongs to uid ", uid_,
         "; only the process that opened the session may attach"));
   }
   {
@@ -176,7 +173,6 @@ absl::Status Session::AttachStaging(const v1::StagingAttach& attach, int fd, int
   // copies are memcpy); copies work unpinned either way.
   staging_registered_ =
       backend_.runtime().HostRegister(staging_->data(), staging_->data_bytes()).ok();
-  if (!peer_known_ && uid >= 0) uid_.store(uid, std::memory_order_relaxed);
   LogInfo(absl::StrCat("session ", id_, " (pid ", pid_, "): staging region of ",
                        staging_->data_bytes(), " bytes attached"));
   return absl::OkStatus();
@@ -419,14 +415,14 @@ void Session::Allocate(uint64_t seq, int device, uint64_t nbytes) {
   DeviceRuntime& runtime = backend_.runtime();
   DeviceMetrics* metrics = MetricsFor(device);
   if (quotas_ != nullptr) {
-    if (absl::Status s = quotas_->Reserve(id_, quota_uid_, device, nbytes); !s.ok()) {
+    if (absl::Status s = quotas_->Reserve(id_, uid_, device, nbytes); !s.ok()) {
       if (metrics != nullptr) metrics->CountOutOfMemory();
       return ReplyError(seq, "allocate", s);
     }
   }
   // Gives the reservation back when the allocation fails.
   const auto refuse = [this, seq, device, nbytes](const absl::Status& status) {
-    if (quotas_ != nullptr) quotas_->Release(id_, quota_uid_, device, nbytes);
+    if (quotas_ != nullptr) quotas_->Release(id_, uid_, device, nbytes);
     ReplyError(seq, "allocate", status);
   };
   absl::StatusOr<DevicePtr> ptr = runtime.Malloc(device, nbytes);
@@ -508,7 +504,7 @@ void Session::ExecuteFree(uint64_t seq, int device, DevicePtr addr) {
     absl::WriterMutexLock lock(&memory_mu_);
     absl::StatusOr<Segment> segment = segments_.Remove(device, addr);
     if (segment.ok() && quotas_ != nullptr) {
-      quotas_->Release(id_, quota_uid_, device, segment->nbytes);
+      quotas_->Release(id_, uid_, device, segment->nbytes);
     }
     if (!segment.ok()) {
       status = segment.status();
@@ -566,7 +562,7 @@ void Session::ExportMemory(const v1::Command& command) {
         HeldSegment(command, command.device(), command.export_memory().addr(), &owned);
     if (!segment.ok()) return ReplyError(command.seq(), "export_memory", segment.status());
     absl::StatusOr<std::string> grant =
-        grants_->Export(id_, uid_.load(std::memory_order_relaxed), *segment, owned);
+        grants_->Export(id_, uid_, *segment, owned);
     if (!grant.ok()) return ReplyError(command.seq(), "export_memory", grant.status());
     v1::Completion completion;
     completion.set_seq(command.seq());
@@ -584,7 +580,7 @@ void Session::ImportMemory(const v1::Command& command) {
   {
     absl::MutexLock lock(&imports_mu_);
     absl::StatusOr<Segment> imported = grants_->Import(
-        id_, uid_.load(std::memory_order_relaxed), command.import_memory().grant(),
+        id_, uid_, command.import_memory().grant(),
         command.device());
     if (!imported.ok()) return ReplyError(seq, "import_memory", imported.status());
     segment = *imported;
@@ -1603,7 +1599,7 @@ Session::CloseSummary Session::Close() {
   }
   absl::WriterMutexLock lock(&memory_mu_);
   for (const Segment& segment : segments_.TakeAll()) {
-    if (quotas_ != nullptr) quotas_->Release(id_, quota_uid_, segment.device, segment.nbytes);
+    if (quotas_ != nullptr) quotas_->Release(id_, uid_, segment.device, segment.nbytes);
     // A segment other sessions imported lives on until they release it.
     if (grants_ != nullptr && !grants_->DropOwner(segment.device, segment.addr)) continue;
     if (!FreeMemory(segment)) continue;

@@ -163,7 +163,8 @@ class Session {
   // Maps the client's staging region (StagingListener, any thread): checks
   // the token, then the layout (StagingRegion::Map). Closes `fd`. `uid` is
   // the attaching process's uid from the socket's peer credentials (-1 when
-  // unknown). ALREADY_EXISTS when a region is attached already.
+  // unknown): PERMISSION_DENIED when it is not the session's own.
+  // ALREADY_EXISTS when a region is attached already.
   absl::Status AttachStaging(const v1::StagingAttach& attach, int fd, int64_t uid);
   // Maps a pinned host region of the client (StagingListener, any thread;
   // `attach.pinned` is set): checks the token, the id (> 0, not attached
@@ -340,12 +341,12 @@ class Session {
   // Constant after construction.
   const uint64_t id_;
   const int64_t pid_;
-  // From the kernel when peer_known_; else the uid comes from the staging
-  // socket's credentials (-1 until then) and the gid is unknown.
+  // The peer's user and group, from the kernel when peer_known_; -1
+  // (unknown: a TCP session) otherwise. The user is whom its memory counts
+  // for in quotas_ and whom it may share memory with (grants_).
   const bool peer_known_;
+  const int64_t uid_;
   const int64_t gid_;
-  // The user its memory counts for in quotas_ (-1: unknown).
-  const int64_t quota_uid_;
   MemoryQuotas* const quotas_;
   const std::string client_;
   const std::string torch_version_;
@@ -392,7 +393,6 @@ class Session {
   std::atomic<uint64_t> stream_bytes_received_{0};
   std::atomic<uint64_t> stream_bytes_sent_{0};
   std::atomic<uint64_t> staged_bytes_{0};
-  std::atomic<int64_t> uid_{-1};
   const std::string staging_token_;
   // Set once by AttachStaging; commands take a reference while they use it.
   mutable absl::Mutex staging_mu_;

@@ -3,6 +3,7 @@ variables (shared by conftest.py and the tests)."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,3 +45,8 @@ def parse_bytes(text: str) -> int:
     return int(float(number) * _UNITS[text[len(number):].upper()])
 
 
+def free_tcp_port() -> int:
+    """A loopback TCP port nothing listens on now (for a daemon's --listen)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torch_fl  # noqa: F401  (registers "flagos")
-from flagos_test_env import on_kunlunxin
+from flagos_test_env import free_tcp_port, on_kunlunxin
 from test_data_plane import my_session
 from test_metrics import scrape, value
 
@@ -221,12 +220,6 @@ print(json.dumps({"pinned": p.is_pinned() and out.is_pinned(),
                   "equal": bool(torch.equal(out, ref * 2)),
                   "pinned_bytes": me["pinned_bytes"], "attached": me["staging_attached"]}))
 """
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("carrier", ["tcp", "staging_off"])

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from flagos_test_env import free_tcp_port
 
 # A small model step on the device, checked against the CPU.
 WORKLOAD = """
@@ -26,12 +27,6 @@ got = (a.to("flagos") @ b.to("flagos")).relu().cpu()
 print(json.dumps({"equal": bool(torch.allclose(got, (a @ b).relu(), atol=1e-5)),
                   "sessions": len(torch_fl.daemon_stats()["sessions"])}))
 """
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def openssl(*args: str, cwd: Path) -> None:

@@ -69,6 +69,16 @@ class Client:
                                      text=True)
         self.seed = seed
 
+    def reap(self, failures: list[str]) -> int:
+        """Waits for the client's end; returns the operations it reported, and
+        adds to `failures` when it ended otherwise than by exit 0 or SIGKILL."""
+        out, err = self.proc.communicate(timeout=300)
+        counts = [int(line.split()[1]) for line in out.splitlines() if line.startswith("ops ")]
+        if self.proc.returncode not in (0, -signal.SIGKILL):
+            failures.append(f"client seed {self.seed} exited {self.proc.returncode}: "
+                            f"{err.strip()[-2000:]}")
+        return max(counts, default=0)
+
 
 def settle(predicate, seconds: float = SETTLE_S) -> bool:
     deadline = time.monotonic() + seconds
@@ -129,22 +139,14 @@ def main() -> int:
             code = c.proc.poll()
             if code is None:
                 continue
-            out, err = c.proc.communicate()
-            counts = [int(line.split()[1]) for line in out.splitlines() if line.startswith("ops ")]
-            ops += max(counts, default=0)
-            if code not in (0, -signal.SIGKILL):
-                failures.append(f"client seed {c.seed} exited {code}: {err.strip()[-2000:]}")
+            ops += c.reap(failures)
             live.remove(c)
         if daemon.poll() is not None:
             break
         max_rss = max(max_rss, proc_figures(daemon.pid)["rss"])
         time.sleep(0.05)
     for c in live:
-        out, err = c.proc.communicate(timeout=300)
-        counts = [int(line.split()[1]) for line in out.splitlines() if line.startswith("ops ")]
-        ops += max(counts, default=0)
-        if c.proc.returncode not in (0, -signal.SIGKILL):
-            failures.append(f"client seed {c.seed} exited {c.proc.returncode}: {err[-2000:]}")
+        ops += c.reap(failures)
 
     crashed = daemon.poll() is not None
     leaked = sessions_left = 0
