@@ -21,6 +21,9 @@ namespace {
 
 // How long Close waits for the daemon to end the session before cancelling.
 constexpr absl::Duration kCloseGrace = absl::Seconds(2);
+// How long a sync-channel call that lost its channel waits for the stream to
+// end before it cancels it.
+constexpr absl::Duration kSyncLossGrace = absl::Seconds(2);
 constexpr absl::Duration kStatsTimeout = absl::Seconds(5);
 constexpr absl::Duration kAttachTimeout = absl::Seconds(2);
 // Empty idle-flush periods before the flusher sleeps until woken.
@@ -148,6 +151,7 @@ void SessionConnection::ReadLoop(v1::ClientMessage open) {
   absl::MutexLock lock(&mu_);
   end_cause_ = status;
   session_end_ = closing_ ? ClosedError() : SessionEndedError(DescribeGrpcStatus(status));
+  ended_.store(true, std::memory_order_release);
 }
 
 void SessionConnection::DeliverLocked(v1::Completion* completion) {
@@ -381,8 +385,17 @@ absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(v1::Command 
   absl::MutexLock lock(&mu_);
   if (!reply.ok()) {
     if (!async_error_.ok()) return TakeAsyncErrorLocked();
-    if (!session_end_.ok()) return session_end_;
-    return closing_ ? ClosedError() : SessionEndedError(reply.status().message());
+    // The daemon closes the sync channel only when the session ends, and
+    // the stream says so soon after: wait for it (cancelling the stream if
+    // it does not), so that ended() and SessionEnd() agree with this call.
+    auto stream_over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !session_end_.ok();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&stream_over), kSyncLossGrace)) {
+      context_.TryCancel();
+      mu_.Await(absl::Condition(&stream_over));
+    }
+    return session_end_;
   }
   // Errors of earlier commands travel on the stream: raise them here, as a
   // call on the stream would.
@@ -690,6 +703,7 @@ void SessionConnection::Close() {
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;
+    ended_.store(true, std::memory_order_release);
   }
   if (stream_ == nullptr) return;  // the session was never opened
 
@@ -727,6 +741,12 @@ bool SessionConnection::closed() const {
   return closing_;
 }
 
+absl::Status SessionConnection::SessionEnd() const {
+  absl::MutexLock lock(&mu_);
+  if (!ended_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  return UnusableLocked();
+}
+
 absl::Status SessionConnection::UnusableLocked() const {
   if (closing_) return ClosedError();
   return session_end_;
@@ -741,8 +761,8 @@ absl::Status SessionConnection::ClosedError() const {
 absl::Status SessionConnection::SessionEndedError(absl::string_view cause) const {
   return absl::UnavailableError(absl::StrCat(
       "flagosd at ", endpoint_, " ended the session (", cause,
-      "): the daemon stopped or crashed; tensors on flagos are lost — restart the daemon and the "
-      "program"));
+      "): the daemon stopped, crashed or closed it; the session's device memory is gone — a new "
+      "connection opens a new session once the daemon is back"));
 }
 
 }  // namespace flagos::client

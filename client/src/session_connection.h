@@ -80,6 +80,8 @@ class SessionConnection final : public Connection {
   absl::StatusOr<v1::GetStatsResponse> GetStats() override;
   void Close() override;
   bool closed() const override;
+  bool ended() const override { return ended_.load(std::memory_order_acquire); }
+  absl::Status SessionEnd() const override;
 
  private:
   // Enqueues the pinned copy of `nbytes` in chunks of at most
@@ -183,6 +185,8 @@ class SessionConnection final : public Connection {
   // (what callers see) and the gRPC status it ended with.
   absl::Status session_end_ ABSL_GUARDED_BY(mu_);
   grpc::Status end_cause_ ABSL_GUARDED_BY(mu_);
+  // Set (never cleared) once the reader thread is done or Close was called.
+  std::atomic<bool> ended_{false};
 };
 
 }  // namespace flagos::client

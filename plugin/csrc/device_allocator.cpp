@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -64,6 +65,13 @@ void StatAdd(c10::CachingDeviceAllocator::StatArray& stats, int64_t amount) {
   StatAdd(stats[static_cast<size_t>(StatType::AGGREGATE)], amount);
 }
 
+// The context of a block's DataPtr: its address and the session it was
+// carved for (a later session may hand out the same addresses).
+struct BlockTag {
+  uint64_t addr = 0;
+  uint64_t generation = 0;
+};
+
 struct DevicePool {
   std::map<uint64_t, Block> blocks;                        // by address
   std::set<FreeKey> free_blocks;
@@ -71,11 +79,15 @@ struct DevicePool {
   DeviceStats stats;
 };
 
+// The blocks and segments of the current session. When the session is lost
+// they are forgotten (their memory is gone with it) at the next call that
+// looks at them, and the statistics start again from zero; blocks of the
+// lost session come back to Free, which drops them.
 class Pools {
  public:
   c10::DataPtr Allocate(int device, size_t nbytes);
-  void Free(void* ptr);
-  void RecordStream(void* ptr, c10::Stream stream);
+  void Free(const BlockTag& tag);
+  void RecordStream(const BlockTag& tag, c10::Stream stream);
   void EmptyCache();
   int DeviceOf(const void* ptr);
   DeviceStats Stats(int device);
@@ -92,11 +104,15 @@ class Pools {
   // REQUIRES: mu_ held. Orders later work on the block's stream after the
   // work enqueued so far on each stream in `uses` (an event recorded there,
   // waited for on the block's stream), so the block can be reused at once.
-  static void AwaitStreamUses(int device, uint64_t stream, const std::set<StreamUse>& uses);
+  void AwaitStreamUses(int device, uint64_t stream, const std::set<StreamUse>& uses);
   // REQUIRES: mu_ held. Frees every wholly free segment of `pool`.
   void ReleaseFreeSegments(int device, DevicePool& pool);
+  // REQUIRES: mu_ held. Forgets a lost session's blocks and segments once
+  // the current generation is `generation`.
+  void FollowGenerationLocked(uint64_t generation);
 
   std::mutex mu_;
+  uint64_t generation_ = 0;  // of the session the pools below belong to
   std::unordered_map<int, DevicePool> pools_;
   std::unordered_map<uint64_t, int> block_device_;  // live block addr → device
 };
@@ -106,9 +122,19 @@ Pools& GlobalPools() {
   return *pools;
 }
 
-void DeleteBlock(void* ptr) { GlobalPools().Free(ptr); }
+void DeleteBlock(void* ctx) {
+  std::unique_ptr<BlockTag> tag(static_cast<BlockTag*>(ctx));
+  if (tag != nullptr) GlobalPools().Free(*tag);
+}
 
 DevicePool& Pools::Pool(int device) { return pools_[device]; }
+
+void Pools::FollowGenerationLocked(uint64_t generation) {
+  if (generation == generation_) return;
+  pools_.clear();
+  block_device_.clear();
+  generation_ = generation;
+}
 
 std::set<FreeKey>::iterator Pools::FindFree(DevicePool& pool, uint64_t stream, uint64_t size) {
   auto it = pool.free_blocks.lower_bound({stream, size, 0});
@@ -145,7 +171,12 @@ c10::DataPtr Pools::Allocate(int device, size_t nbytes) {
   // The block serves work on the current stream: reused only by later
   // allocations on that stream, whose work the daemon runs after this one's.
   const uint64_t stream = CurrentStream(device);
+  // The session first (it may open a new one), outside mu_: opening one may
+  // call into Python, whose tensor frees take mu_.
+  flagos::client::Connection& session = Session();
+  const uint64_t generation = CurrentGeneration();
   std::lock_guard<std::mutex> lock(mu_);
+  FollowGenerationLocked(generation);
   DevicePool& pool = Pool(device);
   if (FindFree(pool, stream, size) == pool.free_blocks.end()) {
     uint64_t segment_size =
@@ -153,11 +184,13 @@ c10::DataPtr Pools::Allocate(int device, size_t nbytes) {
     flagos::v1::Command command;
     command.set_device(device);
     command.mutable_allocate()->set_nbytes(segment_size);
-    auto completion = Session().Call(command, "allocate segment");
+    // On this session's connection: if it ended meanwhile, the call fails
+    // and the loss is reported (no segment of another session lands here).
+    auto completion = session.Call(command, "allocate segment");
     if (!completion.ok() && completion.status().code() == absl::StatusCode::kResourceExhausted) {
       ReleaseFreeSegments(device, pool);
       pool.stats.num_alloc_retries++;
-      completion = Session().Call(command, "allocate segment");
+      completion = session.Call(command, "allocate segment");
     }
     if (!completion.ok() && completion.status().code() == absl::StatusCode::kResourceExhausted) {
       pool.stats.num_ooms++;
@@ -194,13 +227,13 @@ c10::DataPtr Pools::Allocate(int device, size_t nbytes) {
   StatAdd(pool.stats.active_bytes, static_cast<int64_t>(size));
   StatAdd(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
   void* ptr = reinterpret_cast<void*>(addr);
-  return c10::DataPtr(ptr, ptr, &DeleteBlock, c10_device);
+  return c10::DataPtr(ptr, new BlockTag{addr, generation}, &DeleteBlock, c10_device);
 }
 
-void Pools::Free(void* ptr) {
-  if (ptr == nullptr) return;
-  uint64_t addr = reinterpret_cast<uint64_t>(ptr);
+void Pools::Free(const BlockTag& tag) {
+  const uint64_t addr = tag.addr;
   std::lock_guard<std::mutex> lock(mu_);
+  if (tag.generation != generation_) return;  // its session is lost: nothing to give back
   auto owner = block_device_.find(addr);
   if (owner == block_device_.end()) return;  // session already gone
   const int device = owner->second;
@@ -240,11 +273,12 @@ void Pools::Free(void* ptr) {
 }
 
 void Pools::AwaitStreamUses(int device, uint64_t stream, const std::set<StreamUse>& uses) {
-  // Called from tensor deleters: never throws; after the session closed
-  // there is nothing left to order.
-  if (!SessionOpen()) return;
+  // Called from tensor deleters: never throws; after the session closed or
+  // was lost there is nothing left to order.
+  flagos::client::Connection* live = LiveSession(generation_);
+  if (live == nullptr) return;
   try {
-    flagos::client::Connection& session = Session();
+    flagos::client::Connection& session = *live;
     for (const auto& [use_device, use_stream] : uses) {
       const uint64_t event = NewEventId();
       flagos::v1::Command record;
@@ -266,12 +300,12 @@ void Pools::AwaitStreamUses(int device, uint64_t stream, const std::set<StreamUs
   }
 }
 
-void Pools::RecordStream(void* ptr, c10::Stream stream) {
-  if (ptr == nullptr) return;
+void Pools::RecordStream(const BlockTag& tag, c10::Stream stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
               "flagos: record_stream needs a flagos stream, got a stream of ", stream.device());
-  uint64_t addr = reinterpret_cast<uint64_t>(ptr);
+  const uint64_t addr = tag.addr;
   std::lock_guard<std::mutex> lock(mu_);
+  if (tag.generation != generation_) return;  // a lost session's block: nothing to order
   auto owner = block_device_.find(addr);
   if (owner == block_device_.end()) return;  // not a block of this allocator
   DevicePool& pool = Pool(owner->second);
@@ -293,11 +327,11 @@ void Pools::ReleaseFreeSegments(int device, DevicePool& pool) {
     StatAdd(pool.stats.segment, -1);
     StatAdd(pool.stats.reserved_bytes, -static_cast<int64_t>(segment.size));
     pool.stats.num_device_free++;
-    if (SessionOpen()) {
+    if (flagos::client::Connection* live = LiveSession(generation_)) {
       flagos::v1::Command command;
       command.set_device(device);
       command.mutable_free()->set_addr(segment.addr);
-      Session().Enqueue(std::move(command), "free segment");
+      live->Enqueue(std::move(command), "free segment");
     }
     it = pool.segments.erase(it);
   }
@@ -305,12 +339,14 @@ void Pools::ReleaseFreeSegments(int device, DevicePool& pool) {
 
 void Pools::EmptyCache() {
   std::lock_guard<std::mutex> lock(mu_);
+  FollowGenerationLocked(CurrentGeneration());
   for (auto& [device, pool] : pools_) ReleaseFreeSegments(device, pool);
 }
 
 int Pools::DeviceOf(const void* ptr) {
   uint64_t addr = reinterpret_cast<uint64_t>(ptr);
   std::lock_guard<std::mutex> lock(mu_);
+  FollowGenerationLocked(CurrentGeneration());
   for (auto& [device, pool] : pools_) {
     auto it = pool.segments.upper_bound(addr);
     if (it == pool.segments.begin()) continue;
@@ -322,6 +358,7 @@ int Pools::DeviceOf(const void* ptr) {
 
 DeviceStats Pools::Stats(int device) {
   std::lock_guard<std::mutex> lock(mu_);
+  FollowGenerationLocked(CurrentGeneration());
   return Pool(device).stats;
 }
 
@@ -376,7 +413,18 @@ void FlagosDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
 void FlagosDeviceAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
   if (const c10::DataPtr* original = SharedBlockOriginal(ptr)) return recordStream(*original, stream);
   if (ptr.get_deleter() != &DeleteBlock) return;  // not our memory (from_blob ...)
-  GlobalPools().RecordStream(ptr.get(), stream);
+  if (const auto* tag = static_cast<const BlockTag*>(ptr.get_context())) {
+    GlobalPools().RecordStream(*tag, stream);
+  }
+}
+
+uint64_t FlagosDeviceAllocator::GenerationOf(const c10::DataPtr& ptr) {
+  if (const c10::DataPtr* original = SharedBlockOriginal(ptr)) return GenerationOf(*original);
+  if (ptr.get_deleter() == &DeleteBlock) {
+    const auto* tag = static_cast<const BlockTag*>(ptr.get_context());
+    return tag == nullptr ? 0 : tag->generation;
+  }
+  return ImportedGeneration(ptr);
 }
 
 DeviceStats FlagosDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {

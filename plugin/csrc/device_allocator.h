@@ -17,6 +17,10 @@
 // after the other streams' work up to the free, and the block goes back to
 // its pool at once, with no round trip.
 //
+// When the session is lost (runtime.h) its blocks and segments are
+// forgotten and the statistics start again from zero; the lost session's
+// DataPtrs keep their generation, which CheckGeneration refuses.
+//
 // Small requests (≤ 1 MiB) share 2 MiB segments; larger ones get segments
 // rounded up to 2 MiB. When a segment cannot be had, the cache is emptied
 // and the allocation retried once; then torch.OutOfMemoryError is raised.
@@ -48,6 +52,10 @@ class FlagosDeviceAllocator final : public c10::DeviceAllocator {
   c10::DataPtr AllocateOn(int device, size_t nbytes);
   // The device owning `ptr`, or -1 if it is not a live flagos allocation.
   int DeviceOf(const void* ptr);
+  // The session generation (runtime.h) whose memory `ptr` names: a block of
+  // this allocator, a block shared with other processes, or a storage
+  // opened from another process's grant; 0 for none (an empty storage).
+  uint64_t GenerationOf(const c10::DataPtr& ptr);
 };
 
 FlagosDeviceAllocator& DeviceAllocator();

@@ -147,9 +147,9 @@ void EncodeGenerator(const c10::IValue& value, int device, flagos::v1::Value* ou
 }
 
 // The session's id for the op, minted (and registered with the daemon) on
-// first use. Ids are the session's for the life of the process (runtime.cpp
-// mints them once per connection, and the connection is never replaced once
-// open), so the first answer is kept with the op's traits.
+// first use. Ids are the process's for its whole life (runtime.cpp mints
+// each once, and registers them all again with a session that replaces a
+// lost one), so the first answer is kept with the op's traits.
 uint32_t OpIdOf(const OpTraits& traits) {
   uint32_t id = traits.op_id.load(std::memory_order_acquire);
   if (id != 0) return id;

@@ -46,6 +46,10 @@ c10::DeviceIndex IndexOf(c10::Device device) {
 
 uint64_t EventId(void* event) { return reinterpret_cast<uint64_t>(event); }
 
+// Whether `event` was minted for a session that is lost since (ids only
+// grow; each session's first is FirstEventIdOfSession).
+bool LostEvent(void* event) { return EventId(event) < FirstEventIdOfSession(); }
+
 // Commands about an event only: the daemon does not use their device.
 flagos::v1::Command EventCommand() {
   flagos::v1::Command command;
@@ -142,7 +146,9 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(flag == c10::EventFlag::PYTORCH_DEFAULT || flag == c10::EventFlag::BACKEND_DEFAULT,
                 "flagos: unknown event flag");
     const uint64_t stream_id = StreamId(stream);
-    if (*event == nullptr) *event = reinterpret_cast<void*>(NewEventId());
+    Session();  // a new session, if the last was lost, before ids are compared
+    // An event of a lost session is recorded anew under a fresh id.
+    if (*event == nullptr || LostEvent(*event)) *event = reinterpret_cast<void*>(NewEventId());
     flagos::v1::Command command;
     command.set_device(stream.device_index());
     auto* record = command.mutable_record_event();
@@ -151,8 +157,10 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     Enqueue(std::move(command), "record event", stream_id);
   }
 
+  // An event of a lost session marks work that is gone: there is nothing
+  // to wait for, as for an event never recorded.
   void block(void* event, const c10::Stream& stream) const override {
-    if (event == nullptr) return;
+    if (event == nullptr || LostEvent(event)) return;
     flagos::v1::Command command;
     command.set_device(stream.device_index());
     command.mutable_wait_event()->set_event(EventId(event));
@@ -160,14 +168,14 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryEvent(void* event) const override {
-    if (event == nullptr) return true;
+    if (event == nullptr || LostEvent(event)) return true;
     flagos::v1::Command command = EventCommand();
     command.mutable_query_event()->set_event(EventId(event));
     return Call(std::move(command), "query event").ready();
   }
 
   void synchronizeEvent(void* event) const override {
-    if (event == nullptr) return;
+    if (event == nullptr || LostEvent(event)) return;
     flagos::v1::Command command = EventCommand();
     command.mutable_synchronize_event()->set_event(EventId(event));
     Call(std::move(command), "synchronize event");
@@ -176,6 +184,9 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "flagos: both events must be recorded before calculating elapsed time");
+    TORCH_CHECK(!LostEvent(start) && !LostEvent(end),
+                "flagos: elapsed_time of an event recorded in a lost session (flagosd ended it): "
+                "record both events again");
     flagos::v1::Command command = EventCommand();
     auto* elapsed = command.mutable_elapsed_time();
     elapsed->set_start(EventId(start));
@@ -186,11 +197,13 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
     // Events die with Python objects, possibly after the session closed at
     // exit (the daemon released everything then).
-    if (event == nullptr || !SessionOpen()) return;
+    if (event == nullptr || LostEvent(event)) return;
+    flagos::client::Connection* live = LiveSession(CurrentGeneration());
+    if (live == nullptr) return;
     try {
       flagos::v1::Command command = EventCommand();
       command.mutable_destroy_event()->set_event(EventId(event));
-      Session().Enqueue(std::move(command), "destroy event");
+      live->Enqueue(std::move(command), "destroy event");
     } catch (...) {
     }
   }

@@ -13,10 +13,16 @@
 namespace torch_fl {
 namespace {
 
+// A block and the session generation whose connection allocated it.
+struct LiveBlock {
+  flagos::client::PinnedBlock block;
+  uint64_t generation = 0;
+};
+
 // The blocks live now, by start address (for FindPinned and free_block).
 struct LiveBlocks {
   std::mutex mu;
-  std::map<uintptr_t, flagos::client::PinnedBlock> blocks;
+  std::map<uintptr_t, LiveBlock> blocks;
 };
 
 LiveBlocks& Live() {
@@ -29,22 +35,28 @@ using Block = at::HostBlock<c10::Stream>;
 struct FlagosPinnedImpl final : public at::CachingHostAllocatorImpl<c10::Stream, c10::Event> {
  private:
   void allocate_host_memory(size_t size, void** ptr) override {
-    flagos::client::PinnedBlock block = ValueOrThrow(Session().AllocatePinned(size));
+    flagos::client::Connection& session = Session();
+    const uint64_t generation = CurrentGeneration();
+    flagos::client::PinnedBlock block = ValueOrThrow(session.AllocatePinned(size));
     *ptr = block.data;
     std::lock_guard<std::mutex> lock(Live().mu);
-    Live().blocks.emplace(reinterpret_cast<uintptr_t>(block.data), block);
+    Live().blocks.emplace(reinterpret_cast<uintptr_t>(block.data), LiveBlock{block, generation});
   }
 
   void free_block(Block* block) override {
-    flagos::client::PinnedBlock pinned;
+    LiveBlock live;
     {
       std::lock_guard<std::mutex> lock(Live().mu);
       auto it = Live().blocks.find(reinterpret_cast<uintptr_t>(block->ptr_));
       if (it == Live().blocks.end()) return;
-      pinned = it->second;
+      live = it->second;
       Live().blocks.erase(it);
     }
-    if (pinned.region == 0 || SessionOpen()) Session().FreePinned(pinned);
+    // The connection that allocated it, live or lost, unmaps it (and tells
+    // the daemon, if its session still runs).
+    if (flagos::client::Connection* owner = ConnectionOf(live.generation)) {
+      owner->FreePinned(live.block);
+    }
   }
 
   void record_stream(std::optional<std::vector<c10::Event>>& events,
@@ -96,8 +108,11 @@ std::optional<PinnedLocation> FindPinned(const void* ptr, uint64_t nbytes) {
   if (it == Live().blocks.begin()) return std::nullopt;
   --it;
   const uint64_t offset = address - it->first;
-  if (offset >= it->second.nbytes || nbytes > it->second.nbytes - offset) return std::nullopt;
-  return PinnedLocation{it->second.region, offset, it->second.data, it->second.nbytes};
+  const flagos::client::PinnedBlock& block = it->second.block;
+  if (offset >= block.nbytes || nbytes > block.nbytes - offset) return std::nullopt;
+  // A lost session's region means nothing to the current session.
+  const uint64_t region = it->second.generation == CurrentGeneration() ? block.region : 0;
+  return PinnedLocation{region, offset, block.data, block.nbytes};
 }
 
 void RecordUse(void* block_ptr, c10::Stream stream) {

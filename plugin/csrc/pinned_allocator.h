@@ -13,6 +13,11 @@
 // completed. empty_cache() gives free blocks back (the daemon unmaps each
 // region after every earlier command has completed).
 //
+// A block outlives a lost session (runtime.h): its bytes are this
+// process's, so it stays usable as ordinary memory (FindPinned reports
+// region 0 for it: copies go through staging), and its region is unmapped
+// by the lost session's connection when the block is freed.
+//
 // Thread safety: all functions may be called from any thread.
 #pragma once
 

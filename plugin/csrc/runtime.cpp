@@ -7,28 +7,50 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "pinned_allocator.h"
 
 namespace torch_fl {
 namespace {
 
 // How long the first connection may take before the user gets an error.
 constexpr absl::Duration kConnectTimeout = absl::Milliseconds(1800);
+// How long a new session after a lost one waits for the daemon by default
+// (systemd restarts the shipped unit after RestartSec=2).
+constexpr double kDefaultReconnectTimeoutS = 30;
+constexpr absl::Duration kReconnectInterval = absl::Milliseconds(100);
+
+// What is left of a session the daemon ended.
+struct LostSession {
+  uint64_t session_id = 0;
+  std::string endpoint;
+  std::string cause;  // the status that reported the loss
+  std::unique_ptr<flagos::client::Connection> connection;  // closed; kept until exit
+};
 
 struct RuntimeState {
   std::mutex mu;
   EndpointResolver resolver;
   std::string endpoint;
+  // The current generation's connection; null before it opens.
   std::unique_ptr<flagos::client::Connection> connection;
   bool closed = false;
-  // op "name.overload" → id; ids are minted here, starting at 1.
+  std::atomic<uint64_t> generation{1};
+  std::atomic<uint64_t> first_event_id{1};
+  std::map<uint64_t, LostSession> lost;  // by generation
+  // op "name.overload" → id; ids are minted here, starting at 1, and kept
+  // across sessions (each new session gets every registration again).
   std::unordered_map<std::string, uint32_t> op_ids;
-  uint32_t next_op_id = 1;
+  std::vector<std::pair<std::string, std::string>> op_names;  // [id - 1]: name, overload
 };
 
 RuntimeState& State() {
@@ -61,6 +83,88 @@ void SetStream(flagos::v1::Command& command, std::optional<uint64_t> stream) {
   }
 }
 
+[[noreturn]] void ThrowAcceleratorError(const std::string& message) {
+  throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                              /*code=*/0, message);
+}
+
+std::string LostSessionName(uint64_t generation, const LostSession& lost) {
+  return "session " + std::to_string(lost.session_id) + " (generation " +
+         std::to_string(generation) + ") with flagosd at " + lost.endpoint;
+}
+
+constexpr const char* kWhatToDo =
+    "recreate what you need on flagos, e.g. rebuild the model and optimizer and load them from "
+    "a checkpoint, and continue: the next flagos operation opens a new session, waiting up to "
+    "FLAGOS_RECONNECT_TIMEOUT seconds for the daemon (docs/usage.md, \"When flagosd restarts\")";
+
+// REQUIRES: s.mu held, s.connection ended and not closed by us. Moves the
+// connection to the lost sessions, moves the generation on, and returns
+// the lost-session message (`cause`: what reported the loss). The caller
+// throws it, once, and closes the returned connection outside the lock.
+std::string RetireLocked(RuntimeState& s, std::string cause,
+                         flagos::client::Connection** to_close) {
+  const uint64_t generation = s.generation.load(std::memory_order_relaxed);
+  LostSession& lost = s.lost[generation];
+  lost.session_id = s.connection->session_id();
+  lost.endpoint = s.connection->endpoint();
+  lost.cause = std::move(cause);
+  lost.connection = std::move(s.connection);
+  *to_close = lost.connection.get();
+  s.generation.store(generation + 1, std::memory_order_release);
+  // The endpoint is resolved again: a private daemon is started anew.
+  s.endpoint.clear();
+  return "flagos: " + LostSessionName(generation, lost) + " was lost (" + lost.cause +
+         "); every flagos tensor, event and stream's work of that session is gone: " + kWhatToDo;
+}
+
+// If the current session has ended, retires it and throws the lost-session
+// error; `cause` describes how it was noticed (else the session's own end
+// status). REQUIRES: s.mu not held.
+void ThrowIfSessionLost(const std::string& cause) {
+  RuntimeState& s = State();
+  std::string message;
+  flagos::client::Connection* to_close = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.closed || s.connection == nullptr || !s.connection->ended()) return;
+    std::string why = cause.empty() ? std::string(s.connection->SessionEnd().message()) : cause;
+    message = RetireLocked(s, std::move(why), &to_close);
+  }
+  to_close->Close();  // its threads are done or end at once; bounded
+  ThrowAcceleratorError(message);
+}
+
+double ReconnectTimeoutSeconds() {
+  const char* value = std::getenv("FLAGOS_RECONNECT_TIMEOUT");
+  if (value == nullptr || *value == '\0') return kDefaultReconnectTimeoutS;
+  char* end = nullptr;
+  const double seconds = std::strtod(value, &end);
+  TORCH_CHECK(end != value && *end == '\0' && seconds >= 0,
+              "flagos: FLAGOS_RECONNECT_TIMEOUT=", value,
+              " is not a number of seconds (>= 0); unset it for the default ",
+              kDefaultReconnectTimeoutS);
+  return seconds;
+}
+
+// REQUIRES: s.mu held. Enqueues the registration of op `id` on `connection`.
+void EnqueueRegistration(flagos::client::Connection& connection, uint32_t id,
+                         const std::string& name, const std::string& overload) {
+  flagos::v1::Command command;
+  command.set_device(0);
+  auto* reg = command.mutable_register_op();
+  reg->set_op_id(id);
+  reg->set_name(name);
+  reg->set_overload(overload);
+  // The daemon refuses the op unless its torch has this schema (arguments
+  // travel in schema order; another torch minor may have changed them).
+  if (auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(name, overload))) {
+    reg->set_schema(c10::toString(handle->schema()));
+  }
+  connection.Enqueue(std::move(command),
+                     "register " + (overload.empty() ? name : name + "." + overload));
+}
+
 }  // namespace
 
 void SetEndpointResolver(EndpointResolver resolver) {
@@ -68,32 +172,78 @@ void SetEndpointResolver(EndpointResolver resolver) {
   State().resolver = std::move(resolver);
 }
 
-flagos::client::Connection& Session() {
+namespace {
+
+// The current session's connection, opening it if there is none; sets
+// `*reopened` when it opened one after a lost session. REQUIRES: s.mu not
+// held.
+flagos::client::Connection& OpenSession(bool* reopened) {
   RuntimeState& s = State();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.connection) return *s.connection;
+  if (s.connection) return *s.connection;  // another thread opened it meanwhile
   TORCH_CHECK(!s.closed, "flagos: the session with flagosd was closed at interpreter exit");
+  const bool reconnecting = !s.lost.empty();
   if (s.endpoint.empty()) {
     TORCH_CHECK(s.resolver, "flagos: import torch_fl before using the flagos device");
     s.endpoint = s.resolver();
   }
   flagos::client::ConnectionOptions options;
   options.torch_version = TORCH_VERSION;  // the torch this plugin is built against
-  auto connection =
-      flagos::client::Connection::Open(s.endpoint, kConnectTimeout, "torch_fl", options);
+  auto connection = flagos::client::Connection::Open(s.endpoint, kConnectTimeout, "torch_fl",
+                                                     options);
+  if (reconnecting) {
+    // The daemon may be restarting (systemd waits RestartSec first): try
+    // again while it is unreachable, until FLAGOS_RECONNECT_TIMEOUT.
+    const absl::Time deadline = absl::Now() + absl::Seconds(ReconnectTimeoutSeconds());
+    while (!connection.ok() && connection.status().code() == absl::StatusCode::kUnavailable &&
+           absl::Now() < deadline) {
+      absl::SleepFor(kReconnectInterval);
+      connection = flagos::client::Connection::Open(s.endpoint, kConnectTimeout, "torch_fl",
+                                                    options);
+    }
+  }
   if (!connection.ok()) {
     s.endpoint.clear();  // resolve again next time (a private daemon may be restarted)
-    TORCH_CHECK(false, std::string(connection.status().message()));
+    TORCH_CHECK(false, std::string(connection.status().message()),
+                reconnecting ? " (after a lost session; waited FLAGOS_RECONNECT_TIMEOUT)" : "");
   }
   s.connection = *std::move(connection);
-  s.op_ids.clear();
-  s.next_op_id = 1;
+  *reopened = reconnecting;
+  // Events minted so far belong to the lost sessions.
+  if (reconnecting) {
+    s.first_event_id.store(next_event_id.load(std::memory_order_relaxed),
+                           std::memory_order_release);
+  }
+  // Ids stay what they were (the plugin keeps them with each op): the new
+  // session learns them all, before any command that uses one.
+  for (size_t i = 0; i < s.op_names.size(); ++i) {
+    EnqueueRegistration(*s.connection, static_cast<uint32_t>(i + 1), s.op_names[i].first,
+                        s.op_names[i].second);
+  }
   return *s.connection;
+}
+
+}  // namespace
+
+flagos::client::Connection& Session() {
+  RuntimeState& s = State();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.connection && !s.connection->ended()) return *s.connection;
+  }
+  ThrowIfSessionLost("");
+  bool reopened = false;
+  flagos::client::Connection& connection = OpenSession(&reopened);
+  // Cached pinned blocks of a lost session would serve later pin_memory()
+  // calls as ordinary memory: give them back now (outside s.mu; freeing
+  // takes it).
+  if (reopened) PinnedAllocator().empty_cache();
+  return connection;
 }
 
 bool SessionOpen() {
   std::lock_guard<std::mutex> lock(State().mu);
-  return State().connection != nullptr && !State().connection->closed();
+  return State().connection != nullptr && !State().connection->ended();
 }
 
 void CloseSession() {
@@ -104,6 +254,44 @@ void CloseSession() {
     connection = std::move(State().connection);
   }
   if (connection) connection->Close();  // bounded: see Connection::Close
+}
+
+uint64_t CurrentGeneration() { return State().generation.load(std::memory_order_acquire); }
+
+void CheckGeneration(uint64_t generation, const char* what) {
+  RuntimeState& s = State();
+  if (generation == 0 || generation == s.generation.load(std::memory_order_acquire)) return;
+  std::string name = "session generation " + std::to_string(generation);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.lost.find(generation);
+    if (it != s.lost.end()) name = LostSessionName(generation, it->second);
+  }
+  ThrowAcceleratorError(std::string("flagos: ") + what + " belongs to " + name +
+                        ", which was lost; its contents are gone (never read or written "
+                        "in the new session): " + kWhatToDo);
+}
+
+flagos::client::Connection* LiveSession(uint64_t generation) {
+  RuntimeState& s = State();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (generation != s.generation.load(std::memory_order_relaxed) || s.connection == nullptr ||
+      s.connection->ended()) {
+    return nullptr;
+  }
+  return s.connection.get();
+}
+
+flagos::client::Connection* ConnectionOf(uint64_t generation) {
+  RuntimeState& s = State();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (generation == s.generation.load(std::memory_order_relaxed)) return s.connection.get();
+  auto it = s.lost.find(generation);
+  return it == s.lost.end() ? nullptr : it->second.connection.get();
+}
+
+uint64_t FirstEventIdOfSession() {
+  return State().first_event_id.load(std::memory_order_acquire);
 }
 
 int DeviceCountNoThrow() {
@@ -152,33 +340,24 @@ uint32_t OpId(const std::string& name, const std::string& overload) {
   flagos::client::Connection& connection = Session();
   std::string key = overload.empty() ? name : name + "." + overload;
   RuntimeState& s = State();
-  uint32_t id;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.op_ids.find(key);
-    if (it != s.op_ids.end()) return it->second;
-    id = s.next_op_id++;
-    s.op_ids.emplace(key, id);
-    // Enqueue under the lock so that registration precedes any use of the id.
-    flagos::v1::Command command;
-    command.set_device(0);
-    auto* reg = command.mutable_register_op();
-    reg->set_op_id(id);
-    reg->set_name(name);
-    reg->set_overload(overload);
-    // The daemon refuses the op unless its torch has this schema (arguments
-    // travel in schema order; another torch minor may have changed them).
-    if (auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(name, overload))) {
-      reg->set_schema(c10::toString(handle->schema()));
-    }
-    connection.Enqueue(std::move(command), "register " + key);
-  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.op_ids.find(key);
+  if (it != s.op_ids.end()) return it->second;
+  s.op_names.emplace_back(name, overload);
+  const auto id = static_cast<uint32_t>(s.op_names.size());
+  s.op_ids.emplace(std::move(key), id);
+  // Enqueued under the lock so that registration precedes any use of the id
+  // (on a connection that ended meanwhile it is dropped, and the next
+  // session registers it with the rest).
+  EnqueueRegistration(connection, id, name, overload);
   return id;
 }
 
 void ThrowIfError(const absl::Status& status) {
   if (status.ok()) return;
   std::string message(status.message());
+  // Whatever failed, a session that is over is reported as lost, once.
+  ThrowIfSessionLost(message);
   if (status.code() == absl::StatusCode::kResourceExhausted) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, message);
   }

@@ -34,11 +34,43 @@ void SetEndpointResolver(EndpointResolver resolver);
 
 // The session, opened on first call. Throws c10::Error when the daemon cannot
 // be reached (naming the endpoint and how to start flagosd).
+//
+// Sessions are numbered by generation (1, 2, ...). When the daemon ends the
+// session (it crashed, was restarted, or closed it), the first call that
+// notices — Session() itself, or ThrowIfError on any error — throws
+// c10::AcceleratorError (torch.AcceleratorError) naming the lost session,
+// once; the generation moves on, and the next Session() opens a new session
+// (re-resolving the endpoint, so a private daemon is started again, and
+// waiting up to FLAGOS_RECONNECT_TIMEOUT seconds, default 30, for a daemon
+// that systemd is restarting). Every tensor, event and pinned region of the
+// lost session stays lost: CheckGeneration refuses its memory. The lost
+// session's Connection is kept (closed) until exit, since pinned blocks and
+// other threads may still hold it.
 flagos::client::Connection& Session();
-// True once a session is open and not closed.
+// True once a session is open and neither closed nor ended.
 bool SessionOpen();
 // Ends the session (at interpreter exit). Later device frees are dropped.
 void CloseSession();
+
+// The generation of the current session: the one the next command goes to
+// (it moves on once a loss was reported, before the new session opens).
+// Lock-free.
+uint64_t CurrentGeneration();
+// Throws c10::AcceleratorError naming the lost session when `generation`
+// (of a tensor's memory, 0 for none) is not the current session's: its
+// memory is gone, and its addresses may name another session's now. `what`
+// names the object ("a tensor's memory", "an event").
+void CheckGeneration(uint64_t generation, const char* what);
+// For cleanup paths (deleters, caches): the connection of session
+// `generation` if it is still the current one and alive, else nullptr.
+// Never connects, reconnects or throws.
+flagos::client::Connection* LiveSession(uint64_t generation);
+// The connection of session `generation`, current or lost (kept until
+// exit), or nullptr if it never opened. Never connects or throws.
+flagos::client::Connection* ConnectionOf(uint64_t generation);
+// The first event id minted for the current session: a lower id names an
+// event of a lost session.
+uint64_t FirstEventIdOfSession();
 
 // Number of devices the daemon serves; 0 if it cannot be reached.
 int DeviceCountNoThrow();
@@ -67,7 +99,8 @@ uint64_t NewEventId();
 // daemon (asynchronously) on first use.
 uint32_t OpId(const std::string& name, const std::string& overload);
 
-// Throws the c10 exception for `status` if it is not OK.
+// Throws the c10 exception for `status` if it is not OK; the lost-session
+// c10::AcceleratorError instead when the session has ended (see Session()).
 void ThrowIfError(const absl::Status& status);
 template <typename T>
 T ValueOrThrow(absl::StatusOr<T> v) {

@@ -19,6 +19,7 @@ namespace {
 struct SentBlock {
   int device = 0;
   uint64_t addr = 0;
+  uint64_t generation = 0;  // the session it was shared in
   c10::DataPtr original;
 };
 
@@ -26,6 +27,7 @@ struct SentBlock {
 struct ImportedSegment {
   int device = 0;
   uint64_t segment = 0;  // the segment's first address, as import_memory said
+  uint64_t generation = 0;  // the session that holds it
 };
 
 std::mutex& LimboMutex() {
@@ -42,12 +44,13 @@ std::vector<std::unique_ptr<SentBlock>>& Limbo() {
 // Whether no receiver uses `block` any more (or the session is gone, so
 // nothing can).
 bool Unused(const SentBlock& block) {
-  if (!SessionOpen()) return true;
+  flagos::client::Connection* live = LiveSession(block.generation);
+  if (live == nullptr) return true;
   flagos::v1::Command command;
   command.set_device(block.device);
   command.mutable_query_export()->set_addr(block.addr);
   absl::StatusOr<flagos::v1::Completion> completion =
-      Session().Call(std::move(command), "ask whether receivers still use a shared block");
+      live->Call(std::move(command), "ask whether receivers still use a shared block");
   // An error means the daemon no longer knows the segment: nobody uses it.
   return !completion.ok() || completion->ready();
 }
@@ -64,12 +67,13 @@ void DeleteSent(void* context) {
 void DeleteImported(void* context) {
   std::unique_ptr<ImportedSegment> imported(static_cast<ImportedSegment*>(context));
   // After the session ended the daemon has released its holds already.
-  if (!SessionOpen()) return;
+  flagos::client::Connection* live = LiveSession(imported->generation);
+  if (live == nullptr) return;
   try {
     flagos::v1::Command command;
     command.set_device(imported->device);
     command.mutable_release_import()->set_addr(imported->segment);
-    Session().Enqueue(std::move(command), "release a tensor another process shared");
+    live->Enqueue(std::move(command), "release a tensor another process shared");
   } catch (...) {
   }
 }
@@ -85,18 +89,21 @@ SharedStorageHandle ShareStorage(const c10::Storage& storage) {
   handle.device = data.device().index();
   handle.nbytes = storage.nbytes();
   const uint64_t addr = reinterpret_cast<uint64_t>(data.get());
+  flagos::client::Connection& session = Session();
+  CheckGeneration(DeviceAllocator().GenerationOf(data), "the shared tensor's memory");
+  const uint64_t generation = CurrentGeneration();
   flagos::v1::Command command;
   command.set_device(handle.device);
   command.mutable_export_memory()->set_addr(addr);
   flagos::v1::Completion completion =
-      ValueOrThrow(Session().Call(std::move(command), "share a tensor with another process"));
+      ValueOrThrow(session.Call(std::move(command), "share a tensor with another process"));
   handle.grant = completion.grant();
   handle.offset = addr - completion.addr();
   // From now on the block outlives the storage until receivers are done.
   static std::mutex wrap_mu;
   std::lock_guard<std::mutex> lock(wrap_mu);
   if (storage.data_ptr().get_deleter() == DeviceAllocator().raw_deleter()) {
-    auto* sent = new SentBlock{handle.device, addr, {}};
+    auto* sent = new SentBlock{handle.device, addr, generation, {}};
     c10::DataPtr wrapped(storage.data_ptr().get(), sent, &DeleteSent, storage.device());
     sent->original = storage.set_data_ptr(std::move(wrapped));
   }
@@ -107,10 +114,12 @@ c10::Storage OpenSharedStorage(const SharedStorageHandle& handle) {
   flagos::v1::Command command;
   command.set_device(handle.device);
   command.mutable_import_memory()->set_grant(handle.grant);
+  flagos::client::Connection& session = Session();
+  const uint64_t generation = CurrentGeneration();
   flagos::v1::Completion completion = ValueOrThrow(
-      Session().Call(std::move(command), "open a tensor another process shared"));
+      session.Call(std::move(command), "open a tensor another process shared"));
   c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(handle.device));
-  auto* imported = new ImportedSegment{handle.device, completion.addr()};
+  auto* imported = new ImportedSegment{handle.device, completion.addr(), generation};
   // Owns the hold from here: released when the storage dies, or below.
   c10::DataPtr data(reinterpret_cast<void*>(completion.addr() + handle.offset), imported,
                     &DeleteImported, device);
@@ -148,6 +157,11 @@ void CollectSharedBlocks() {
 const c10::DataPtr* SharedBlockOriginal(const c10::DataPtr& ptr) {
   if (ptr.get_deleter() != &DeleteSent) return nullptr;
   return &static_cast<const SentBlock*>(ptr.get_context())->original;
+}
+
+uint64_t ImportedGeneration(const c10::DataPtr& ptr) {
+  if (ptr.get_deleter() != &DeleteImported) return 0;
+  return static_cast<const ImportedSegment*>(ptr.get_context())->generation;
 }
 
 }  // namespace torch_fl

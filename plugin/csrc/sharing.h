@@ -16,7 +16,9 @@
 // segment and no grant sent is still unclaimed (query_export); such blocks
 // are given back at the next share, the next death of a shared storage, and
 // at empty_cache(). A grant that is never received (a message dropped from a
-// queue) keeps its block until this process ends, as with CUDA.
+// queue) keeps its block until this process ends, as with CUDA. A lost
+// session (runtime.h) takes its grants and holds with it: nothing is
+// released or asked of the next session.
 //
 // Thread safety: all functions may be called from any thread.
 #pragma once
@@ -51,5 +53,9 @@ void CollectSharedBlocks();
 // For a shared storage's DataPtr: the allocator's DataPtr it keeps (so that
 // record_stream reaches the block); null for any other DataPtr.
 const c10::DataPtr* SharedBlockOriginal(const c10::DataPtr& ptr);
+
+// For a storage opened from another process's grant: the session
+// generation (runtime.h) it was opened in; 0 for any other DataPtr.
+uint64_t ImportedGeneration(const c10::DataPtr& ptr);
 
 }  // namespace torch_fl

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "copy.h"
+#include "device_allocator.h"
 #include "runtime.h"
 
 namespace torch_fl {
@@ -41,7 +42,13 @@ void EncodeTensor(const at::Tensor& t, flagos::v1::Value* out) {
 
 uint64_t StorageAddr(const at::Tensor& t) {
   if (!t.has_storage()) return 0;
-  return reinterpret_cast<uint64_t>(t.storage().data_ptr().get());
+  const c10::DataPtr& data = t.storage().data_ptr();
+  // Every device address a command names passes here: memory of a lost
+  // session never reaches the daemon (a new session may own that address).
+  if (data.device().type() == c10::DeviceType::PrivateUse1) {
+    CheckGeneration(DeviceAllocator().GenerationOf(data), "this flagos tensor's memory");
+  }
+  return reinterpret_cast<uint64_t>(data.get());
 }
 
 uint64_t ElementAddr(const at::Tensor& t) {

@@ -19,6 +19,8 @@ inline constexpr c10::DeviceType kFlagos = c10::DeviceType::PrivateUse1;
 inline bool IsFlagos(const at::Tensor& t) { return t.defined() && t.device().type() == kFlagos; }
 
 // The device address of element 0 of `t`'s storage (0 for empty storage).
+// Throws c10::AcceleratorError when the memory belongs to a lost session
+// (runtime.h, CheckGeneration).
 uint64_t StorageAddr(const at::Tensor& t);
 // The device address of `t`'s first element.
 uint64_t ElementAddr(const at::Tensor& t);

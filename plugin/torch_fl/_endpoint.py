@@ -4,7 +4,8 @@
 2. else the system daemon's socket ``/run/flagosd/flagosd.sock`` if it exists;
 3. else a private flagosd on a private socket, started here, announced once
    on stderr and stopped when this process exits; ``FLAGOS_ENDPOINT`` then
-   names it for this process's children. Its backend is
+   names it for this process's children. If it dies, the next session (after
+   the lost one, see docs/usage.md) starts another. Its backend is
    ``FLAGOS_BACKEND`` (``cpu`` by default; ``kunlunxin`` or ``auto``).
 """
 from __future__ import annotations
@@ -35,6 +36,10 @@ def private_backend() -> str:
 
 def resolve() -> str:
     endpoint = os.environ.get("FLAGOS_ENDPOINT", "").strip()
+    if endpoint and endpoint == _private.get("endpoint") and _private["proc"].poll() is not None:
+        # The private daemon this process started has died (its session was
+        # lost): start another for the next session.
+        return _start_private_daemon()
     if endpoint:
         return endpoint
     if os.path.exists(SYSTEM_SOCKET):
@@ -81,6 +86,8 @@ def _start_private_daemon() -> str:
     with _lock:
         if "endpoint" in _private and _private["proc"].poll() is None:
             return _private["endpoint"]
+        if "workdir" in _private:  # of a private daemon that died
+            shutil.rmtree(_private.pop("workdir"), ignore_errors=True)
         binary = find_daemon_binary()
         workdir = tempfile.mkdtemp(prefix="flagosd-")
         os.chmod(workdir, 0o700)

@@ -334,13 +334,30 @@ TEST(ConnectionLoss, FailsAPendingSynchronizePromptly) {
   ASSERT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("flagosd at " + daemon.endpoint() + " ended the session"),
-                    HasSubstr("restart the daemon")));
+                    HasSubstr("device memory is gone")));
   // Afterwards: commands are dropped and every call reports the loss.
   EXPECT_EQ(connection->Enqueue(Memset(0), "memset"), 0u);
   EXPECT_EQ(connection->Call(Allocate(8), "allocate").status().code(),
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(connection->Flush().code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(connection->closed());
+  EXPECT_TRUE(connection->ended());
+  EXPECT_EQ(connection->SessionEnd(), status);
+}
+
+TEST(ConnectionLoss, EndedIsSetOnceTheDaemonIsGoneWithoutAnyCall) {
+  FakeDaemon daemon;
+  std::unique_ptr<Connection> connection = OpenOrDie(daemon);
+  ASSERT_NE(connection, nullptr);
+  EXPECT_FALSE(connection->ended());
+  EXPECT_TRUE(connection->SessionEnd().ok());
+  daemon.Shutdown();
+  const absl::Time deadline = absl::Now() + kPrompt;
+  while (!connection->ended() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(connection->ended());
+  EXPECT_EQ(connection->SessionEnd().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(connection->SessionEnd().message(),
+              HasSubstr("flagosd at " + daemon.endpoint() + " ended the session"));
 }
 
 TEST(ConnectionStats, GetStatsReportsTheDaemon) {
@@ -396,6 +413,8 @@ TEST(ConnectionClose, LaterCallsFailWithFailedPrecondition) {
   EXPECT_THAT(status.message(), AllOf(HasSubstr(daemon.endpoint()), HasSubstr("closed")));
   EXPECT_EQ(connection->Flush().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(connection->GetStats().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(connection->ended());
+  EXPECT_EQ(connection->SessionEnd().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ConnectionClose, ReturnsPromptlyAfterTheDaemonIsGone) {

@@ -1,7 +1,7 @@
 """Generates the fuzzer's seed corpus from real sessions (scripts/fuzz).
 
 Starts flagosd (cpu backend, 2 devices) with --record-client-messages=OUT
-on a unix socket and on a loopback TCP port, and runs
+on a unix socket and on a loopback TCP port (--insecure-tcp), and runs
 tests/fuzz/corpus_workload.py once over each. Over TCP every command
 travels on the session stream, copies inline, and every file replays whole
 (daemon/message_recorder.h says how it is rewritten). Over the unix socket
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,14 +28,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 from conftest import Daemon  # noqa: E402
+from flagos_test_env import free_tcp_port  # noqa: E402
 
 WORKLOAD_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -45,11 +39,12 @@ def main() -> int:
     parser.add_argument("--daemon", type=Path, default=REPO / "build" / "bin" / "flagosd")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    tcp = f"127.0.0.1:{free_port()}"
+    tcp = f"127.0.0.1:{free_tcp_port()}"
     with tempfile.TemporaryDirectory(prefix="flagos-corpus-") as work:
         daemon = Daemon(args.daemon, Path(work), cpu_devices=2, device_memory="256MiB",
                         backend="cpu",
-                        extra_args=[f"--listen={tcp}",
+                        # Plaintext TCP, on loopback only, must be asked for.
+                        extra_args=[f"--listen={tcp}", "--insecure-tcp",
                                     f"--record-client-messages={args.out.resolve()}"])
         daemon.start()
         try:

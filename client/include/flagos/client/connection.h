@@ -185,6 +185,15 @@ class Connection {
   virtual void Close() = 0;
   // True once Close has been called (not merely when the daemon is gone).
   virtual bool closed() const = 0;
+  // True once the session is over for good: the daemon ended it (it
+  // stopped, crashed, or closed the session) or Close was called. Every
+  // later call fails then, and the session's device memory is gone.
+  // Lock-free, for hot paths.
+  virtual bool ended() const = 0;
+  // Why the session is over: OK while it lives, else the status later calls
+  // return (UNAVAILABLE naming the daemon and what gRPC said when the
+  // daemon ended it).
+  virtual absl::Status SessionEnd() const = 0;
 };
 
 // Daemon statistics from `endpoint` without opening a session.
