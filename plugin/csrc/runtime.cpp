@@ -179,14 +179,24 @@ namespace {
 // held.
 flagos::client::Connection& OpenSession(bool* reopened) {
   RuntimeState& s = State();
+  // The resolver runs Python (it may start a private daemon), whose garbage
+  // collector may free tensors, whose deleters take s.mu: call it unlocked.
+  std::string endpoint;
+  EndpointResolver resolver;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.connection) return *s.connection;  // another thread opened it meanwhile
+    TORCH_CHECK(!s.closed, "flagos: the session with flagosd was closed at interpreter exit");
+    TORCH_CHECK(s.resolver, "flagos: import torch_fl before using the flagos device");
+    endpoint = s.endpoint;
+    resolver = s.resolver;
+  }
+  if (endpoint.empty()) endpoint = resolver();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.connection) return *s.connection;  // another thread opened it meanwhile
+  if (s.connection) return *s.connection;
   TORCH_CHECK(!s.closed, "flagos: the session with flagosd was closed at interpreter exit");
   const bool reconnecting = !s.lost.empty();
-  if (s.endpoint.empty()) {
-    TORCH_CHECK(s.resolver, "flagos: import torch_fl before using the flagos device");
-    s.endpoint = s.resolver();
-  }
+  s.endpoint = endpoint;
   flagos::client::ConnectionOptions options;
   options.torch_version = TORCH_VERSION;  // the torch this plugin is built against
   auto connection = flagos::client::Connection::Open(s.endpoint, kConnectTimeout, "torch_fl",

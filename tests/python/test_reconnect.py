@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Daemon
+from flagos_test_env import REPO
 
 USAGE = REPO / "docs" / "usage.md"
 # How long a restarted daemon stays away: the client must wait for it.
@@ -35,7 +35,7 @@ def resume_example() -> str:
     return match.group(1)
 
 
-def crash_and_restart(daemon: Daemon) -> None:
+def crash_and_restart(daemon) -> None:  # a conftest.Daemon
     """SIGKILLs the daemon, waits RESTART_DELAY_S, starts it again on its socket."""
     assert daemon.proc is not None
     daemon.proc.kill()
