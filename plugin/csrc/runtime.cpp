@@ -305,6 +305,17 @@ uint64_t FirstEventIdOfSession() {
 }
 
 int DeviceCountNoThrow() {
+  {
+    // Never the call that notices a lost session: its error would be
+    // swallowed here (torch asks for the count all the time), and the
+    // program would carry on unaware. The lost session's count until the
+    // loss is reported by a call that raises.
+    RuntimeState& s = State();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.connection != nullptr && s.connection->ended()) {
+      return s.connection->info().devices_size();
+    }
+  }
   try {
     return DeviceCount();
   } catch (...) {

@@ -105,6 +105,11 @@ print("ready", flush=True)
 sys.stdin.readline()  # the daemon is restarted meanwhile
 
 report = {"first_session": first_session}
+# torch asks for the device count all the time, and that call raises
+# nothing: it must not be the one that notices the loss and swallows it.
+import time
+time.sleep(0.5)
+report["count_after_loss"] = (torch.flagos.device_count(), torch.accelerator.is_available())
 try:
     (a + 1).sum().item()
     report["first_error"] = None
@@ -146,6 +151,7 @@ def test_a_lost_sessions_tensors_are_refused_and_new_ones_compute_right(
     assert proc.returncode == 0, err[-3000:]
     report = json.loads(out.strip().splitlines()[-1])
 
+    assert report["count_after_loss"] == [2, True], report
     first = report["first_error"]
     assert first is not None and "was lost" in first, first
     assert f"session {report['first_session']} (generation 1)" in first, first
