@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from flagos_test_env import REPO
+from flagos_test_env import REPO, free_tcp_port
 
 USAGE = REPO / "docs" / "usage.md"
 # How long a restarted daemon stays away: the client must wait for it.
@@ -141,10 +141,16 @@ print(json.dumps(report), flush=True)
 """
 
 
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_a_lost_sessions_tensors_are_refused_and_new_ones_compute_right(
-        start_daemon, spawn_python, read_line) -> None:
-    daemon = start_daemon(device_memory="256MiB")
-    proc = spawn_python(LOST_TENSOR_CLIENT, env={"FLAGOS_ENDPOINT": daemon.endpoint})
+        start_daemon, spawn_python, read_line, transport: str) -> None:
+    extra, endpoint = [], None
+    if transport == "tcp":  # a remote client's session: bytes inline, no staging
+        endpoint = f"127.0.0.1:{free_tcp_port()}"
+        extra = [f"--listen={endpoint}", "--insecure-tcp"]
+    daemon = start_daemon(device_memory="256MiB", extra_args=extra)
+    endpoint = endpoint or daemon.endpoint
+    proc = spawn_python(LOST_TENSOR_CLIENT, env={"FLAGOS_ENDPOINT": endpoint})
     assert read_line(proc) == "ready\n", proc.stderr.read()
     crash_and_restart(daemon)
     out, err = proc.communicate("go\n", timeout=120)
@@ -155,7 +161,7 @@ def test_a_lost_sessions_tensors_are_refused_and_new_ones_compute_right(
     first = report["first_error"]
     assert first is not None and "was lost" in first, first
     assert f"session {report['first_session']} (generation 1)" in first, first
-    assert daemon.endpoint in first, first
+    assert endpoint in first, first
     for name, message in report["errors"].items():
         assert message is not None, f"{name}: a lost session's tensor was used"
         assert f"belongs to session {report['first_session']} " in message, (name, message)
