@@ -1573,6 +1573,11 @@ TEST_F(ServerTest, ASharedSegmentLivesUntilEveryHolderReleasedIt) {
     third.context().TryCancel();
     EXPECT_EQ(third.End().error_code(), grpc::StatusCode::CANCELLED);
   }
+  // The daemon sees the cancel a little later, then closes the session on a
+  // closer thread; its hold goes when that close is done.
+  StatsUntil([](const v1::GetStatsResponse& s) {
+    return s.sessions_size() == 2 && s.closing_sessions_size() == 0;
+  });
   EXPECT_EQ(receiver.Call(CopyFrom(seg, marker.size())).data(), marker);
 
   // The last release frees it; the grant dies with the memory.
