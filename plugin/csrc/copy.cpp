@@ -153,6 +153,7 @@ void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
     c10::DeviceGuard guard(dst.device());
     landing = at::empty_strided(block.sizes(), block.strides(), dst.options());
   }
+  const uint64_t generation = CurrentGeneration();  // before any address is encoded
   flagos::v1::Command command;
   command.set_device(dst_device);
   auto* copy = command.mutable_copy_device_to_device();
@@ -160,8 +161,9 @@ void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
   copy->set_src_device(src_device);
   copy->set_dst(ElementAddr(landing));
   copy->set_nbytes(block.nbytes());
-  Enqueue(std::move(command), "copy flagos:" + std::to_string(src_device) + " → flagos:" +
-                                  std::to_string(dst_device));
+  Enqueue(std::move(command),
+          "copy flagos:" + std::to_string(src_device) + " → flagos:" + std::to_string(dst_device),
+          std::nullopt, generation);
   // `block` is freed on return and the source device may reuse it for later
   // commands, which the copy does not wait for: let the copy finish first.
   Synchronize(dst_device);
@@ -185,14 +187,16 @@ void DownloadBytes(int device, uint64_t addr, void* out, uint64_t nbytes) {
 void EnqueueDeviceCopy(const at::Tensor& dst, const at::Tensor& src) {
   TORCH_INTERNAL_ASSERT(IsFlagos(dst) && IsFlagos(src) && dst.device() == src.device());
   if (dst.numel() == 0) return;
+  const uint32_t op_id = OpId("aten::copy_", "");
+  const uint64_t generation = CurrentGeneration();  // before any address is encoded
   flagos::v1::Command command;
   command.set_device(dst.device().index());
   auto* op = command.mutable_op();
-  op->set_op_id(OpId("aten::copy_", ""));
+  op->set_op_id(op_id);
   EncodeTensorRef(dst, op->add_args()->mutable_tensor());
   EncodeTensorRef(src, op->add_args()->mutable_tensor());
   op->add_args()->set_b(false);
-  Enqueue(std::move(command), "aten::copy_");
+  Enqueue(std::move(command), "aten::copy_", std::nullopt, generation);
 }
 
 at::Tensor CopyFrom(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {

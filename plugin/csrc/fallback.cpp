@@ -194,6 +194,7 @@ void RunInferred(const c10::OperatorHandle& op, const OpTraits& traits, int devi
   for (size_t i = 0; i < args.size(); ++i) {
     if (!inferred.written[i].empty()) ApplyMetadata(args[i], inferred.written[i]);
   }
+  const uint64_t generation = CurrentGeneration();  // before any address is encoded
   flagos::v1::Command command;
   auto* outputs = command.mutable_op()->mutable_outputs();
   const size_t nreturns = traits.returns.size();
@@ -229,7 +230,7 @@ void RunInferred(const c10::OperatorHandle& op, const OpTraits& traits, int devi
   }
   if (!traits.pure_view) {
     EncodeOpCall(traits, device, args, &command);
-    Enqueue(std::move(command), traits.describe);
+    Enqueue(std::move(command), traits.describe, std::nullopt, generation);
   }
 }
 
@@ -238,12 +239,14 @@ void RunInferred(const c10::OperatorHandle& op, const OpTraits& traits, int devi
 void RunSynchronously(const c10::OperatorHandle& op, const OpTraits& traits, int device,
                       Args args, bool written_results, Results* results) {
   const c10::FunctionSchema& schema = op.schema();
+  const uint64_t generation = CurrentGeneration();  // before any address is encoded
   flagos::v1::Command command;
   EncodeOpCall(traits, device, args, &command);
   command.mutable_op()->set_want_values(true);
   // Tensor results stay in the daemon until placed into device memory.
   command.mutable_op()->set_hold_results(true);
-  flagos::v1::Completion completion = Call(std::move(command), traits.describe);
+  flagos::v1::Completion completion =
+      Call(std::move(command), traits.describe, std::nullopt, generation);
   const auto& arguments = schema.arguments();
   const auto& returns = schema.returns();
   // One value per return, then one per written tensor argument: none when it
@@ -261,7 +264,7 @@ void RunSynchronously(const c10::OperatorHandle& op, const OpTraits& traits, int
     const flagos::v1::Value& v = completion.values(static_cast<int>(extra++));
     if (!v.has_host_tensor()) continue;
     const at::Tensor& target = args[i].toTensor();
-    at::Tensor result = DecodeResult(v, device).toTensor();
+    at::Tensor result = DecodeResult(v, device, generation).toTensor();
     target.resize_(result.sizes());
     EnqueueDeviceCopy(target, result);
   }
@@ -270,7 +273,7 @@ void RunSynchronously(const c10::OperatorHandle& op, const OpTraits& traits, int
       const size_t aliased = AliasedArgument(schema, j);
       results->push_back(written_results ? args[aliased] : c10::IValue());
     } else {
-      c10::IValue value = DecodeResult(completion.values(static_cast<int>(j)), device);
+      c10::IValue value = DecodeResult(completion.values(static_cast<int>(j)), device, generation);
       // A kernel may leave a Tensor return undefined (a fused RNN cell's
       // bias gradients without a bias); the wire carries it as None.
       if (value.isNone() && returns[j].real_type()->kind() == c10::TypeKind::TensorType) {

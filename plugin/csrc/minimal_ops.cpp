@@ -33,9 +33,13 @@ void ResizeStorageBytes(const c10::Storage& storage, size_t nbytes) {
   TORCH_CHECK(storage.resizable(), "flagos: trying to resize storage that is not resizable");
   int device = storage.device().index();
   c10::DataPtr fresh = DeviceAllocator().AllocateOn(device, nbytes);
+  // The new block's generation: the old bytes must be of the same session.
+  const uint64_t generation = CurrentGeneration();
   size_t keep = std::min(nbytes, storage.nbytes());
   const void* old = storage.data_ptr().get();
   if (keep > 0 && old != nullptr) {
+    CheckGeneration(DeviceAllocator().GenerationOf(storage.data_ptr()),
+                    "the memory of the flagos storage being resized");
     flagos::v1::Command command;
     command.set_device(device);
     auto* copy = command.mutable_copy_device_to_device();
@@ -43,7 +47,7 @@ void ResizeStorageBytes(const c10::Storage& storage, size_t nbytes) {
     copy->set_src_device(device);
     copy->set_dst(reinterpret_cast<uint64_t>(fresh.get()));
     copy->set_nbytes(keep);
-    Enqueue(std::move(command), "resize storage");
+    Enqueue(std::move(command), "resize storage", std::nullopt, generation);
   }
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
   storage.unsafeGetStorageImpl()->set_nbytes(nbytes);

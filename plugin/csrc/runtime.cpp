@@ -397,10 +397,13 @@ bool LaunchBlocking() {
 }
 
 uint64_t Enqueue(flagos::v1::Command command, std::string describe,
-                 std::optional<uint64_t> stream) {
+                 std::optional<uint64_t> stream, uint64_t encoded_in) {
   const int device = command.device();
   SetStream(command, stream);
-  uint64_t seq = Session().Enqueue(std::move(command), std::move(describe));
+  flagos::client::Connection& session = Session();
+  // After Session(): a loss reported meanwhile has moved the generation on.
+  if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
+  uint64_t seq = session.Enqueue(std::move(command), std::move(describe));
   // Debugging: every command completes before its call returns, so an
   // asynchronous failure is raised by the call that caused it.
   if (LaunchBlocking()) Synchronize(device);
@@ -408,9 +411,11 @@ uint64_t Enqueue(flagos::v1::Command command, std::string describe,
 }
 
 flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,
-                            std::optional<uint64_t> stream) {
+                            std::optional<uint64_t> stream, uint64_t encoded_in) {
   SetStream(command, stream);
-  return ValueOrThrow(Session().Call(std::move(command), std::move(describe)));
+  flagos::client::Connection& session = Session();
+  if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
+  return ValueOrThrow(session.Call(std::move(command), std::move(describe)));
 }
 
 void Synchronize(int device) { ThrowIfError(Session().Synchronize(device)); }

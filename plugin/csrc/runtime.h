@@ -60,6 +60,12 @@ uint64_t CurrentGeneration();
 // (of a tensor's memory, 0 for none) is not the current session's: its
 // memory is gone, and its addresses may name another session's now. `what`
 // names the object ("a tensor's memory", "an event").
+//
+// The generation moves on when a loss is reported, before any new session
+// opens. A command that names device memory takes CurrentGeneration()
+// before it encodes any address and passes it to Enqueue/Call
+// (`encoded_in`), which refuse it if a loss was reported meanwhile (by
+// another thread): so no address of a lost session reaches a new one.
 void CheckGeneration(uint64_t generation, const char* what);
 // For cleanup paths (deleters, caches): the connection of session
 // `generation` if it is still the current one and alive, else nullptr.
@@ -115,10 +121,14 @@ bool LaunchBlocking();
 // `stream` when given, else on the stream it names already, else (stream 0)
 // on the calling thread's current stream of its device: every command the
 // plugin sends carries its stream.
+// `encoded_in`: the CurrentGeneration() taken before the command's
+// addresses were encoded (0: it names no device memory); see
+// CheckGeneration.
 uint64_t Enqueue(flagos::v1::Command command, std::string describe,
-                 std::optional<uint64_t> stream = std::nullopt);
+                 std::optional<uint64_t> stream = std::nullopt, uint64_t encoded_in = 0);
 flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,
-                            std::optional<uint64_t> stream = std::nullopt);
+                            std::optional<uint64_t> stream = std::nullopt,
+                            uint64_t encoded_in = 0);
 void Synchronize(int device);
 
 }  // namespace torch_fl

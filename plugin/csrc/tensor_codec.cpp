@@ -119,7 +119,7 @@ void EncodeValue(const c10::IValue& v, flagos::v1::Value* out) {
   }
 }
 
-c10::IValue DecodeResult(const flagos::v1::Value& v, int device) {
+c10::IValue DecodeResult(const flagos::v1::Value& v, int device, uint64_t generation) {
   using V = flagos::v1::Value;
   switch (v.v_case()) {
     case V::kNone:
@@ -170,7 +170,7 @@ c10::IValue DecodeResult(const flagos::v1::Value& v, int device) {
       command.set_device(device);
       command.mutable_place_result()->set_id(h.id());
       EncodeTensorRef(tensor, command.mutable_place_result()->mutable_dst());
-      Enqueue(std::move(command), "place_result");
+      Enqueue(std::move(command), "place_result", std::nullopt, generation);
       return c10::IValue(tensor);
     }
     case V::kList: {
@@ -180,11 +180,11 @@ c10::IValue DecodeResult(const flagos::v1::Value& v, int device) {
       }
       if (all_tensors) {
         c10::List<at::Tensor> list;
-        for (const auto& e : v.list().values()) list.push_back(DecodeResult(e, device).toTensor());
+        for (const auto& e : v.list().values()) list.push_back(DecodeResult(e, device, generation).toTensor());
         return c10::IValue(list);
       }
       c10::impl::GenericList list(c10::AnyType::get());
-      for (const auto& e : v.list().values()) list.push_back(DecodeResult(e, device));
+      for (const auto& e : v.list().values()) list.push_back(DecodeResult(e, device, generation));
       return c10::IValue(list);
     }
     default:

@@ -29,6 +29,8 @@ void EncodeTensorRef(const at::Tensor& t, flagos::v1::TensorRef* ref);
 // Throws c10::Error for argument kinds the protocol cannot carry.
 void EncodeValue(const c10::IValue& value, flagos::v1::Value* out);
 // A result of the synchronous path; host tensors are uploaded to `device`.
-c10::IValue DecodeResult(const flagos::v1::Value& value, int device);
+// `generation`: the session the call ran in, whose held results are placed
+// (Enqueue's `encoded_in`).
+c10::IValue DecodeResult(const flagos::v1::Value& value, int device, uint64_t generation);
 
 }  // namespace torch_fl

@@ -118,7 +118,8 @@ except torch.AcceleratorError as e:
 errors = {}
 for name, use in [("add", lambda: a + 1), ("cpu", lambda: a.cpu()),
                   ("copy_into_new", lambda: torch.empty(1024, device="flagos").copy_(a)),
-                  ("inplace", lambda: a.add_(1))]:
+                  ("inplace", lambda: a.add_(1)),
+                  ("resize", lambda: a.resize_(4096))]:
     try:
         use()
         errors[name] = None
