@@ -33,7 +33,6 @@ constexpr absl::Duration kReconnectInterval = absl::Milliseconds(100);
 struct LostSession {
   uint64_t session_id = 0;
   std::string endpoint;
-  std::string cause;  // the status that reported the loss
   std::unique_ptr<flagos::client::Connection> connection;  // closed; kept until exit
 };
 
@@ -102,19 +101,18 @@ constexpr const char* kWhatToDo =
 // connection to the lost sessions, moves the generation on, and returns
 // the lost-session message (`cause`: what reported the loss). The caller
 // throws it, once, and closes the returned connection outside the lock.
-std::string RetireLocked(RuntimeState& s, std::string cause,
+std::string RetireLocked(RuntimeState& s, const std::string& cause,
                          flagos::client::Connection** to_close) {
   const uint64_t generation = s.generation.load(std::memory_order_relaxed);
   LostSession& lost = s.lost[generation];
   lost.session_id = s.connection->session_id();
   lost.endpoint = s.connection->endpoint();
-  lost.cause = std::move(cause);
   lost.connection = std::move(s.connection);
   *to_close = lost.connection.get();
   s.generation.store(generation + 1, std::memory_order_release);
   // The endpoint is resolved again: a private daemon is started anew.
   s.endpoint.clear();
-  return "flagos: " + LostSessionName(generation, lost) + " was lost (" + lost.cause +
+  return "flagos: " + LostSessionName(generation, lost) + " was lost (" + cause +
          "); every flagos tensor, event and stream's work of that session is gone: " + kWhatToDo;
 }
 
@@ -129,7 +127,7 @@ void ThrowIfSessionLost(const std::string& cause) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.closed || s.connection == nullptr || !s.connection->ended()) return;
     std::string why = cause.empty() ? std::string(s.connection->SessionEnd().message()) : cause;
-    message = RetireLocked(s, std::move(why), &to_close);
+    message = RetireLocked(s, why, &to_close);
   }
   to_close->Close();  // its threads are done or end at once; bounded
   ThrowAcceleratorError(message);
