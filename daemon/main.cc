@@ -22,15 +22,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
-#include "backend.h"
+#include "execution/backend.h"
 #include "byte_size.h"
-#include "flagos_service.h"
+#include "transport/flagos_service.h"
 #include "absl/synchronization/mutex.h"
-#include "listen_endpoint.h"
+#include "transport/listen_endpoint.h"
 #include "logging.h"
-#include "op_runner.h"
-#include "server.h"
-#include "watchdog.h"
+#include "ops/op_runner.h"
+#include "transport/server.h"
+#include "observability/watchdog.h"
 
 ABSL_FLAG(std::vector<std::string>, listen,
           std::vector<std::string>({flagos::daemon::kDefaultListen}),

@@ -4,7 +4,7 @@ Starts flagosd (cpu backend, 2 devices) with --record-client-messages=OUT
 on a unix socket and on a loopback TCP port (--insecure-tcp), and runs
 tests/fuzz/corpus_workload.py once over each. Over TCP every command
 travels on the session stream, copies inline, and every file replays whole
-(daemon/message_recorder.h says how it is rewritten). Over the unix socket
+(daemon/protocol/message_recorder.h says how it is rewritten). Over the unix socket
 the client moves bytes through its staging region and sends its
 synchronous commands (allocate among them) on the sync channel, which the
 recorder does not see: those files name the session's segments by their

@@ -7,7 +7,7 @@
 // check and op-argument decoding of op_runner.cc / op_schema_match.cc /
 // op_limits.cc), then Close(). Nothing is mocked.
 //
-// Inputs are written the way MessageRecorder (daemon/message_recorder.h)
+// Inputs are written the way MessageRecorder (daemon/protocol/message_recorder.h)
 // records real sessions, so the seed corpus replays: the batch's leading
 // `allocate` commands run first, and every address of the form
 // CanonicalSegmentAddress(j, offset) in the rest names byte `offset` of the
@@ -26,14 +26,14 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "backend.h"
-#include "command_addresses.h"
+#include "execution/backend.h"
+#include "protocol/command_addresses.h"
 #include "flagos/v1/flagos.pb.h"
-#include "memory_grants.h"
-#include "message_recorder.h"
-#include "op_limits.h"
-#include "session.h"
-#include "worker_pool.h"
+#include "memory/memory_grants.h"
+#include "protocol/message_recorder.h"
+#include "ops/op_limits.h"
+#include "sessions/session.h"
+#include "execution/worker_pool.h"
 
 namespace flagos::daemon {
 namespace {

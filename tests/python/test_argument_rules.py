@@ -1,5 +1,5 @@
 """The public APIs over the ops whose arguments flagosd checks against each
-other before their kernel runs (daemon/op_argument_rules.h) still mean what
+other before their kernel runs (daemon/ops/op_argument_rules.h) still mean what
 they mean on the CPU: cummax/cummin (aten::_cummax_helper, _cummin_helper),
 batch norm (native_batch_norm and its relatives, running statistics
 included), the fused optimizers (_fused_adam_, _fused_adamw_, _fused_sgd_,

@@ -1,4 +1,4 @@
-#include "command_validation.h"
+#include "protocol/command_validation.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "memory_grants.h"
+#include "memory/memory_grants.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "memory_quotas.h"
+#include "memory/memory_quotas.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// MessageRecorder: what it writes replays on its own (daemon/message_recorder.h).
-#include "message_recorder.h"
+// MessageRecorder: what it writes replays on its own (daemon/protocol/message_recorder.h).
+#include "protocol/message_recorder.h"
 
 #include <filesystem>
 #include <fstream>

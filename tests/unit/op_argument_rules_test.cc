@@ -1,4 +1,4 @@
-#include "op_argument_rules.h"
+#include "ops/op_argument_rules.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The budgeting CPU allocator, through ATen's host tensors.
-#include "op_host_budget.h"
+#include "ops/op_host_budget.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>

@@ -1,4 +1,4 @@
-#include "op_limits.h"
+#include "ops/op_limits.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // ReplyWriter on its own: a fake stream (a function that records or blocks)
 // and a socketpair as the sync channel.
-#include "reply_writer.h"
+#include "transport/reply_writer.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "segment_table.h"
+#include "memory/segment_table.h"
 
 #include <gtest/gtest.h>
 

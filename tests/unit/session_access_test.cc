@@ -1,4 +1,4 @@
-#include "session_access.h"
+#include "admission/session_access.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "absl/strings/match.h"
-#include "peer_credentials.h"
+#include "admission/peer_credentials.h"
 
 namespace flagos::daemon {
 namespace {

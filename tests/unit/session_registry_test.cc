@@ -1,6 +1,6 @@
 // SessionRegistry: admission under --max-sessions, and retired (closing)
 // sessions, which hold no slot while their close runs on a thread of its own.
-#include "session_registry.h"
+#include "sessions/session_registry.h"
 
 #include <gtest/gtest.h>
 

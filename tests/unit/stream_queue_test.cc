@@ -1,4 +1,4 @@
-#include "stream_queue.h"
+#include "execution/stream_queue.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "worker_pool.h"
+#include "execution/worker_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,97 @@
+#include "execution/backend.h"
+
+#include <torch/headeronly/version.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cpu_kernel_facts.h"
+#include "cpu_op_executor.h"
+#include "cpu_runtime.h"
+#include "flagos/op_executor.h"
+#include "kunlunxin_runtime.h"
+#include "logging.h"
+
+namespace flagos::daemon {
+namespace {
+
+absl::StatusOr<OpRoutes> RoutesFor(absl::string_view backend, const BackendOptions& options) {
+  if (!options.force_route.empty()) {
+    return OpRoutes::Parse(absl::StrCat("default = ", options.force_route, "\n"), "--op-route");
+  }
+  return OpRoutes::Parse(EmbeddedOpsConf(backend), absl::StrCat("backends/", backend, "/ops.conf"));
+}
+
+}  // namespace
+
+Backend::Backend(std::string name, std::unique_ptr<DeviceRuntime> runtime,
+                 std::unique_ptr<OpExecutor> native, std::unique_ptr<OpExecutor> host,
+                 OpRoutes routes)
+    : name_(std::move(name)),
+      runtime_(std::move(runtime)),
+      native_(std::move(native)),
+      host_(std::move(host)),
+      routes_(std::move(routes)) {}
+
+Backend::~Backend() = default;
+
+absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& options) {
+  std::string name = options.name;
+  std::unique_ptr<DeviceRuntime> runtime;
+  if (name == "auto" || name == kKunlunxinBackendName) {
+    absl::StatusOr<std::unique_ptr<DeviceRuntime>> kunlunxin =
+        CreateKunlunxinRuntime(KunlunxinRuntimeParams{});
+    if (kunlunxin.ok()) {
+      runtime = *std::move(kunlunxin);
+      name = kKunlunxinBackendName;
+    } else if (name == kKunlunxinBackendName) {
+      return kunlunxin.status();
+    } else {
+      LogInfo(absl::StrCat("backend auto: kunlunxin is not available (",
+                           kunlunxin.status().message(), "); using cpu"));
+      name = kCpuBackendName;
+    }
+  }
+  if (name == kCpuBackendName) {
+    CpuRuntimeParams params;
+    params.devices = options.cpu_devices;
+    params.memory_per_device = options.device_memory;
+    absl::StatusOr<std::unique_ptr<DeviceRuntime>> cpu = CreateCpuRuntime(params);
+    if (!cpu.ok()) return cpu.status();
+    runtime = *std::move(cpu);
+  } else if (runtime == nullptr) {
+    if (name == "cuda") {
+      return absl::FailedPreconditionError(
+          "backend cuda is not built into this flagosd (built in: cpu, kunlunxin); use "
+          "--backend=cpu or --backend=kunlunxin");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown backend '", options.name, "': choose auto, cpu, cuda or kunlunxin"));
+  }
+  absl::StatusOr<OpRoutes> routes = RoutesFor(name, options);
+  if (!routes.ok()) return routes.status();
+  // Only the cpu backend has kernels of its own today (ATen's CPU kernels
+  // over host-addressable memory); the kunlunxin backend's xdnn kernels are
+  // a later step, so every operator there takes cpu_fallback.
+  std::unique_ptr<OpExecutor> native;
+  if (name == kCpuBackendName) native = CreateCpuOpExecutor();
+  if (native == nullptr && (routes->native_count() > 0 ||
+                            routes->default_route() == OpRoute::kNative)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backends/", name, "/ops.conf routes operators native but the ", name,
+        " backend has no native kernels in this flagosd; route them cpu_fallback"));
+  }
+  return std::unique_ptr<Backend>(new Backend(name, std::move(runtime), std::move(native),
+                                              CreateCpuOpExecutor(), *std::move(routes)));
+}
+
+const std::vector<KernelFact>& Backend::kernel_facts() const {
+  // Both backends run ATen's CPU kernels today: the cpu backend natively,
+  // the kunlunxin backend through cpu_fallback. A backend with native
+  // kernels of its own adds their facts for the ops routed to them.
+  return CpuKernelFacts();
+}
+
+std::string TorchVersion() { return TORCH_VERSION; }
+
+}  // namespace flagos::daemon

@@ -1,0 +1,78 @@
+// The device backend flagosd serves: a DeviceRuntime (memory, streams,
+// events), the routes of its operators (backends/<name>/ops.conf), its
+// native OpExecutor if it has kernels of its own, and ATen's CPU kernels for
+// the cpu_fallback route. Chosen by name at startup.
+//
+// This header does not include ATen; backend.cc does.
+#ifndef FLAGOS_DAEMON_EXECUTION_BACKEND_H_
+#define FLAGOS_DAEMON_EXECUTION_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "flagos/kernel_facts.h"
+#include "flagos/runtime.h"
+#include "ops/op_routes.h"
+
+namespace flagos {
+class OpExecutor;
+}  // namespace flagos
+
+namespace flagos::daemon {
+
+struct BackendOptions {
+  // "auto", "cpu", "cuda", "kunlunxin".
+  std::string name = "auto";
+  // Overrides the routes of the embedded ops.conf: every operator takes
+  // this route ("" keeps the file's; "cpu_fallback" runs the cpu backend as
+  // a non-host-addressable device would be, for tests).
+  std::string force_route;
+  // CPU backend: number of emulated devices and bytes of memory each.
+  int cpu_devices = 2;
+  uint64_t device_memory = 8ull << 30;
+};
+
+class Backend {
+ public:
+  // Creates the backend `options.name` names. "auto" picks kunlunxin when
+  // libxpurt loads and reports devices, else cpu. FAILED_PRECONDITION for a
+  // backend that cannot start here (kunlunxin without the SDK: the message
+  // names the library, the directories searched and the variables to set)
+  // or not built into this flagosd; INVALID_ARGUMENT for an unknown name or
+  // bad parameters.
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(const BackendOptions& options);
+  ~Backend();
+
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  const std::string& name() const { return name_; }
+  DeviceRuntime& runtime() const { return *runtime_; }
+  // The backend's own kernels (the native route); nullptr when it has none.
+  OpExecutor* native_executor() const { return native_.get(); }
+  // ATen's CPU kernels over host memory (the cpu_fallback route).
+  OpExecutor& host_executor() const { return *host_; }
+  const OpRoutes& routes() const { return routes_; }
+  // What its kernels return that their meta functions do not say (sent to
+  // clients at the handshake).
+  const std::vector<KernelFact>& kernel_facts() const;
+
+ private:
+  Backend(std::string name, std::unique_ptr<DeviceRuntime> runtime,
+          std::unique_ptr<OpExecutor> native, std::unique_ptr<OpExecutor> host, OpRoutes routes);
+
+  const std::string name_;
+  const std::unique_ptr<DeviceRuntime> runtime_;
+  const std::unique_ptr<OpExecutor> native_;
+  const std::unique_ptr<OpExecutor> host_;
+  const OpRoutes routes_;
+};
+
+// The version of the torch flagosd was built against ("2.13.0").
+std::string TorchVersion();
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_EXECUTION_BACKEND_H_

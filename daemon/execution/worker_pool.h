@@ -1,0 +1,106 @@
+// A fixed set of worker threads that run scheduled jobs in the order they
+// were scheduled. flagosd runs one pool per device (Server, sized by
+// --workers-per-device); every StreamQueue of that device, of every
+// session, is a passive FIFO that schedules one job on its device's pool
+// when it gets work, so the daemon's thread count does not grow with
+// sessions x streams (docs/operations.md, "Threads").
+//
+// The pool knows nothing of queues or ordering: a job is a closure. Ordering
+// and "one task of a queue at a time" are StreamQueue's.
+//
+// Which worker runs a job: the worker the caller prefers if it is idle (a
+// queue asks for the worker that ran its previous turn), else the worker that
+// went idle last, else the first worker to finish its job. Each idle worker
+// sleeps on its own condition variable and is woken alone, with the job
+// handed to it. A stream whose commands arrive one at a time thus keeps
+// running on one thread, whose caches, ATen thread-local state and OpenMP
+// team are warm, as when every stream had a thread of its own.
+//
+// A job must not wait for another job of the same pool to run (the workers
+// could all be waiting): a queue whose next task needs another queue's work
+// parks instead (StreamQueue::PushGate) and is scheduled again when that
+// work is done. Jobs may block on the device or the runtime (each holds its
+// worker meanwhile: one session can occupy as many workers as it has busy
+// streams on the device; no per-session share is enforced yet), never on a
+// client's socket: replies are posted to the session's ReplyWriter, which
+// writes them from its own thread (reply_writer.h).
+//
+// Thread safety: Schedule may be called from any thread, including a job.
+#ifndef FLAGOS_DAEMON_EXECUTION_WORKER_POOL_H_
+#define FLAGOS_DAEMON_EXECUTION_WORKER_POOL_H_
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+
+namespace flagos::daemon {
+
+class WorkerPool {
+ public:
+  using Job = absl::AnyInvocable<void() &&>;
+
+  // Starts `workers` threads (at least 1). `name` appears in log lines
+  // ("flagos:0 workers").
+  WorkerPool(std::string name, int workers);
+  // Drops the jobs not yet started, waits for the running ones and joins
+  // the workers.
+  ~WorkerPool();
+
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // Runs `job` on a worker after the jobs scheduled before it have started;
+  // on worker `preferred` (an index from CurrentWorker) if that one is idle
+  // now. A job that throws is logged; the worker goes on. Dropped (destroyed
+  // unrun) once the pool is being destroyed.
+  void Schedule(Job job, int preferred = kAnyWorker);
+
+  // The index of the calling thread among this pool's workers, or kAnyWorker
+  // when it is not one of them.
+  int CurrentWorker() const;
+
+  static constexpr int kAnyWorker = -1;
+
+  int workers() const { return static_cast<int>(workers_.size()); }
+  // Workers asleep, waiting for a job.
+  int idle_workers() const;
+  // Whether a scheduled job waits for a worker (none is idle).
+  bool has_waiting_jobs() const;
+  const std::string& name() const { return name_; }
+
+ private:
+  struct Worker {
+    absl::CondVar wake;
+    // Handed over by Schedule while the worker sleeps (guarded by mu_).
+    Job job;
+    std::thread thread;
+  };
+
+  void Run(int index);
+
+  const std::string name_;
+  mutable absl::Mutex mu_;
+  // Jobs no worker was idle for, oldest first.
+  std::deque<Job> ready_ ABSL_GUARDED_BY(mu_);
+  // Indices of the workers asleep, the one that went idle last at the back.
+  std::vector<int> idle_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Sized once in the constructor; the threads start when all exist.
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+// The default workers per device: 2 x the host's cores, at least 4 and at
+// most 64 (a large host with many devices stays within a few hundred
+// threads). Workers mostly issue work and wait for the device, so more
+// than the cores pay.
+int DefaultWorkersPerDevice();
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_EXECUTION_WORKER_POOL_H_

@@ -1,0 +1,113 @@
+// Runs one session's ATen operators: resolves registered op names through
+// the c10 dispatcher, decodes an OpCall's Values into a boxed stack using
+// the op's schema, calls the backend's OpExecutor and copies the results
+// into the client's output tensors.
+//
+// Decoding, per schema argument type:
+//   none -> None (Optional types only); i / d / b / c / s -> int, float,
+//   bool, complex, str (ScalarType, Layout, MemoryFormat as i); Scalar from
+//   i, d, b or c; tensor -> a tensor over device memory (address range
+//   checked first; an undefined ref is an undefined tensor, None for
+//   Tensor?); host_tensor -> a tensor holding a copy of the bytes on the
+//   op's device; ints / doubles / bools -> int[] / float[] / bool[]; list ->
+//   Tensor[], Tensor?[] or a list of the schema's element type; device ->
+//   the backend's device (type "cpu" stays on the CPU); generator -> a fresh
+//   generator seeded from (seed, offset) only, so the same (seed, offset)
+//   always draws the same numbers on any thread (they differ from what
+//   torch's own CPU generator draws for that seed).
+//   Missing trailing arguments take the schema's defaults.
+//   out= arguments (kwarg-only Tensor(a!)) are replaced by resizable
+//   tensors of the same shape for the call (kernels may use them as scratch
+//   space and resize them) and copied into device memory after it; their
+//   final sizes must equal the ref's.
+//
+// Returns, in schema order: a return that aliases a written argument
+// (Tensor(a!)) was written in place; every other tensor return (lists
+// flattened) is copied into the next `outputs` ref (undefined refs are
+// skipped; sizes must match) unless `outputs` is empty. With want_values
+// the completion carries exactly one Value per schema return, in order:
+// non-tensor returns as values, tensor returns as host_tensor (a list of
+// them for Tensor[]; none for an undefined tensor) when `outputs` is empty,
+// and none for returns the client already holds (written in place, or
+// copied into `outputs`).
+//
+// This header does not include ATen; op_runner.cc does.
+//
+// Thread safety: Register and Run may be called concurrently.
+#ifndef FLAGOS_DAEMON_OPS_OP_RUNNER_H_
+#define FLAGOS_DAEMON_OPS_OP_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "execution/backend.h"
+#include "flagos/v1/flagos.pb.h"
+#include "ops/op_limits.h"
+
+namespace flagos::daemon {
+
+// Every operator in flagosd's torch (all namespaces, every overload), one per
+// line sorted by name: "<name.overload>\tserved" or "<name.overload>\trefused\t
+// <why>", by the rule register_op applies (`flagosd --list-served-ops`;
+// docs/reference/served-operators.md is generated from it).
+std::string ListServedOps();
+
+class OpRunner {
+ public:
+  // OK when [addr, addr + nbytes) on `device` is memory the session may use;
+  // otherwise the error to report.
+  using RangeCheck = absl::FunctionRef<absl::Status(int device, uint64_t addr, uint64_t nbytes)>;
+
+  // Calls are bounded by `limits` (op_limits.h): a call naming more tensor
+  // elements than limits.max_elements, or whose kernel asks for more host
+  // memory than limits.max_host_memory_bytes (op_host_budget.h), fails
+  // with RESOURCE_EXHAUSTED naming the op, what it asked, the limit and
+  // the flag that raises it.
+  static std::unique_ptr<OpRunner> Create(const Backend& backend, const OpLimits& limits);
+  virtual ~OpRunner() = default;
+
+  // Resolves aten op `name`.`overload` and records it under `op_id`, with
+  // its route on this backend, if `schema` (the client's, from its torch
+  // `client_torch_version`) is flagosd's own (op_schema_match.h).
+  // INVALID_ARGUMENT for op id 0, >= 2^31 or already registered; NOT_FOUND
+  // when no such operator exists in this flagosd's torch;
+  // FAILED_PRECONDITION when the schemas differ; PERMISSION_DENIED for an
+  // operator flagosd does not serve. The op's argument rules
+  // (op_argument_rules.h) are bound to its schema here.
+  virtual absl::Status Register(uint32_t op_id, const std::string& name,
+                                const std::string& overload, const std::string& schema,
+                                const std::string& client_torch_version) = 0;
+
+  // Runs `call` on `device`, ordered on `stream`, by the op's route
+  // (Backend::routes(): native kernels, or cpu_fallback: operands copied
+  // to the host, ATen's CPU kernel, results copied back; the host copies
+  // are released once the stream has run the copies back). Every tensor's
+  // range goes through `check` before use, and before anything is decoded
+  // the call must satisfy its op's argument rules (op_argument_rules.h:
+  // INVALID_ARGUMENT naming the argument otherwise). A tensor of no
+  // elements reaches the kernel over no memory, not the address sent. Fills `completion->values` as
+  // described above; values are complete when Run returns. Errors name the
+  // op.
+  virtual absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call,
+                           RangeCheck check, v1::Completion* completion) = 0;
+
+  // The route of registered op `op_id` (kNative for an unknown id).
+  virtual OpRoute RouteOf(uint32_t op_id) = 0;
+
+  // Held results (OpCall.hold_results): tensor returns kept here, reported
+  // as `held`, until PlaceResult copies one into `place.dst` on `stream`
+  // (its bytes released once the device has read them) and forgets it.
+  // NOT_FOUND for an unknown id; INVALID_ARGUMENT unless dst is contiguous
+  // with the result's sizes and dtype. At most kMaxHeldResults are held;
+  // beyond, the op fails with RESOURCE_EXHAUSTED.
+  static constexpr size_t kMaxHeldResults = 4096;
+  virtual absl::Status PlaceResult(int device, StreamHandle stream, const v1::PlaceResult& place,
+                                   RangeCheck check) = 0;
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_OPS_OP_RUNNER_H_

@@ -1,0 +1,438 @@
+// One client session: the state behind one Session stream.
+//
+// A session owns its segments (SegmentTable), the ops it registered
+// (OpRunner) and one StreamQueue per (device, stream) it used; the queues
+// have no threads of their own but run on their device's WorkerPool, shared
+// by every session. Commands are handled as the flagos.proto comments say:
+//   - register_op and allocate run at once in the reading thread;
+//   - op, copies and memset go to their (device, stream) queue, FIFO;
+//   - free runs once every earlier command on its device (all streams) has
+//     executed; sync replies once every earlier command on its device (all
+//     devices when device < 0) has executed;
+//   - copy_device_to_device from another device runs on the destination's
+//     queue once every earlier command on the source device has executed;
+//   - record_event goes to its stream's queue; wait_event captures the
+//     event's latest record and its stream's queue parks (a gate, holding
+//     no worker) until that record is issued;
+//     query_event and query_stream answer at once, destroy_event forgets
+//     the event at once (waiting commands keep its record);
+//     synchronize_event and elapsed_time reply once their records are done;
+//     sync with stream_only replies after every earlier command on its
+//     (device, stream);
+//   - export_memory replies once every earlier command on its device has
+//     completed; import_memory and query_export answer at once;
+//     release_import runs, like free, after every earlier command on its
+//     device (MemoryGrants: segments shared between sessions).
+// No task waits for another queue's work while it holds a worker: a cross-
+// device copy and a wait_event park their queue, and what they wait for
+// resumes it. Tasks do block on the device (stream and event
+// synchronisation), whose progress does not need a worker.
+// Every address is checked against this session's segments (its own and
+// those it imported) when the command executes; commands that execute hold the session's memory lock
+// shared, a free holds it exclusively, so memory is never unmapped under a
+// running command. Errors become Completions carrying the command's seq.
+//
+// Close() ends the session: pending commands are dropped, queues joined,
+// backend events and streams destroyed and every segment freed. Nothing
+// outlives it. It waits for the commands running (a kernel cannot be
+// interrupted) and for the device to complete what the session issued.
+// When the client is gone (its stream cancelled, its process dead), the
+// reading thread calls Detach() instead, which waits for nothing: the
+// session stops writing to the stream and runs no command that has not
+// started, and Close() then runs on another thread (SessionRegistry::Retire)
+// while the session's slot is free already. Every segment stays held, and
+// counted, until Close() frees it: a running command may touch any of them
+// (no segment of a closing session is reused under a running kernel).
+//
+// Thread safety: HandleBatch and Detach are called by the session's reading
+// thread only, Close by it or, after Detach returned, by one other thread;
+// Info and the accessors may be called from any thread.
+// Replies are posted (from the reading thread, the sync channel's thread,
+// the queue workers and backend threads) to the session's ReplyWriter and
+// written by its thread: `write` is called from that thread only (and must
+// serialise with the caller's own writes on the stream).
+#ifndef FLAGOS_DAEMON_SESSIONS_SESSION_H_
+#define FLAGOS_DAEMON_SESSIONS_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "execution/backend.h"
+#include "execution/device_activity.h"
+#include "flagos/v1/flagos.pb.h"
+#include "memory/memory_grants.h"
+#include "memory/memory_quotas.h"
+#include "observability/metrics.h"
+#include "ops/op_runner.h"
+#include "admission/peer_credentials.h"
+#include "memory/segment_table.h"
+#include "memory/pinned_region.h"
+#include "transport/reply_writer.h"
+#include "memory/staging_region.h"
+#include "execution/stream_queue.h"
+#include "execution/worker_pool.h"
+
+namespace flagos::daemon {
+
+// Streams (FIFO queues on their device's worker pool) one session may use,
+// all devices together.
+inline constexpr int kMaxStreamsPerSession = 64;
+// Bytes of copy_to_device data a session may have queued and not yet
+// executed; beyond it the session stops reading until its queues catch up.
+inline constexpr uint64_t kMaxQueuedPayloadBytes = 512ull << 20;
+// Events (client-minted ids) one session may have live at once.
+inline constexpr size_t kMaxEventsPerSession = 1u << 18;
+// What the daemon keeps of the client's free text at `open` (longer text is
+// cut, with "..." at the end): its name, its torch version, its command line.
+inline constexpr size_t kMaxClientNameBytes = 256;
+inline constexpr size_t kMaxTorchVersionBytes = 64;
+inline constexpr size_t kMaxCommandLineBytes = 4096;
+
+class Session {
+ public:
+  struct CloseSummary {
+    uint64_t segments = 0;  // segments freed
+    uint64_t bytes = 0;     // bytes they held
+  };
+
+  // `backend` must outlive the session, and so must `pools` (one per
+  // device of the backend, indexed by device: where the session's queues
+  // run), `activity`, `metrics` and `grants` (each may be null: no busy
+  // time / no metrics counted / no memory shared with other sessions). Its
+  // ops are bounded by `op_limits` (op_limits.h).
+  // Replies go out through a ReplyWriter of the session's own: `write`
+  // writes one message on the session stream (blocking, on the writer's
+  // thread), `end` ends the session when the client leaves more than
+  // kMaxUnreadReplyBytes of replies unread (reply_writer.h).
+  // `peer`: who connected, from the kernel (nullopt over TCP: the pid is
+  // then the one the client gave at `open`, the user unknown). `quotas`
+  // (may be null: none) bounds the device memory it and its user hold, and
+  // must outlive it.
+  Session(uint64_t id, const v1::SessionOpen& open, const Backend& backend,
+          ReplyWriter::WriteFn write, ReplyWriter::EndFn end,
+          std::vector<WorkerPool*> pools, DeviceActivity* activity = nullptr,
+          Metrics* metrics = nullptr, const OpLimits& op_limits = OpLimits(),
+          MemoryGrants* grants = nullptr, std::optional<PeerCredentials> peer = std::nullopt,
+          MemoryQuotas* quotas = nullptr);
+  // Close().
+  ~Session();
+
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Handles the commands of one batch (moved out of `batch`). A command's
+  // failure is replied as an error Completion; a non-OK status means the
+  // batch itself broke the protocol (too many commands) and the session
+  // must end with that status.
+  absl::Status HandleBatch(v1::CommandBatch* batch);
+
+  // Ends the session; idempotent.
+  CloseSummary Close();
+  // The client is gone: drops the replies not yet written and writes
+  // nothing more on the stream (`write` and `end` are never called once it
+  // returned), and no command that has not started executing will; waits
+  // for no command. Close() does the rest.
+  void Detach();
+  // Commands executing now (SessionInfo.running_commands).
+  uint32_t running_commands() const { return running_.load(std::memory_order_relaxed); }
+
+  uint64_t id() const { return id_; }
+  int64_t pid() const { return pid_; }
+  const std::string& client() const { return client_; }
+  const std::string& torch_version() const { return torch_version_; }
+  // Bytes of the attached staging region (0: none).
+  uint64_t staging_bytes() const;
+  // Bytes in this session's segments on `device`.
+  uint64_t device_bytes(int device) const { return segments_.device_bytes(device); }
+  v1::SessionInfo Info() const;
+
+  // The secret that proves an attaching process owns this session: sent
+  // only on the session's own stream (SessionOpened.staging_token).
+  const std::string& staging_token() const { return staging_token_; }
+  // Maps the client's staging region (StagingListener, any thread): checks
+  // the token, then the layout (StagingRegion::Map). Closes `fd`. `uid` is
+  // the attaching process's uid from the socket's peer credentials (-1 when
+  // unknown): PERMISSION_DENIED when it is not the session's own.
+  // ALREADY_EXISTS when a region is attached already.
+  absl::Status AttachStaging(const v1::StagingAttach& attach, int fd, int64_t uid);
+  // Maps a pinned host region of the client (StagingListener, any thread;
+  // `attach.pinned` is set): checks the token, the id (> 0, not attached
+  // yet), the session's bounds (kMaxPinnedRegionsPerSession,
+  // kMaxPinnedBytesPerSession), then the file (PinnedRegion::Map). Closes
+  // `fd`.
+  absl::Status AttachPinned(const v1::StagingAttach& attach, int fd);
+  // Bytes of the pinned host regions attached now.
+  uint64_t pinned_bytes() const;
+  // Serves the sync channel on `fd` (the attach connection; see SyncRequest
+  // in flagos.proto) from a thread of its own until the session closes.
+  // Takes `fd`. Called once, by the StagingListener after the attach.
+  void StartSyncChannel(int fd);
+  // Bytes of messages received from / sent to the client on the session
+  // stream (called by the service).
+  void CountStreamBytes(uint64_t received, uint64_t sent) {
+    stream_bytes_received_.fetch_add(received, std::memory_order_relaxed);
+    stream_bytes_sent_.fetch_add(sent, std::memory_order_relaxed);
+  }
+
+ private:
+  struct StreamState {
+    int device = 0;
+    StreamHandle backend_stream = 0;
+    std::unique_ptr<StreamQueue> queue;
+  };
+  // ClearNewSegment's streams, by device (destroyed at Close).
+  absl::Mutex clear_mu_;
+  absl::flat_hash_map<int, StreamHandle> clear_streams_ ABSL_GUARDED_BY(clear_mu_);
+
+  // `ordered`: the command came on the session stream and must follow the
+  // previous one's seq (sync-channel commands are ordered by after_seq).
+  void Dispatch(v1::Command command, bool ordered = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // The sync channel's thread.
+  void SyncLoop();
+  // Every reply goes through here: to the sync channel when it answers the
+  // command waiting there, else to the session stream; never blocks
+  // (replies_).
+  void Reply(v1::Completion completion);
+  void Allocate(uint64_t seq, int device, uint64_t nbytes);
+  // Zeroes a new segment before the client learns its address (unless the
+  // runtime's Malloc returns zeroes): a device's allocator hands out memory
+  // other sessions freed. On a stream of the session's own per device, so
+  // that it waits for nothing else.
+  absl::Status ClearNewSegment(int device, DevicePtr ptr, uint64_t nbytes);
+  void ScheduleFree(uint64_t seq, int device, DevicePtr addr);
+  // Runs `release` (a free of device memory) once the device has completed
+  // every earlier command on it; allocate waits for it before it reports
+  // out-of-memory (pending_frees_).
+  void ScheduleRelease(int device, std::function<void()> release);
+  void ExecuteFree(uint64_t seq, int device, DevicePtr addr);
+  // Gives `segment`'s memory back to the backend (logging a failure).
+  bool FreeMemory(const Segment& segment);
+  // ---- sharing segments with other sessions (MemoryGrants).
+  void ExportMemory(const v1::Command& command);
+  void ImportMemory(const v1::Command& command);
+  void ScheduleReleaseImport(uint64_t seq, int device, DevicePtr addr);
+  void ExecuteReleaseImport(uint64_t seq, int device, DevicePtr addr);
+  void QueryExport(const v1::Command& command);
+  // The segment, owned or imported, holding `addr` on `device`; `owned` says
+  // which. NOT_FOUND naming the command otherwise.
+  absl::StatusOr<Segment> HeldSegment(const v1::Command& command, int device, DevicePtr addr,
+                                      bool* owned) const;
+  // FAILED_PRECONDITION naming the command when the daemon shares nothing.
+  absl::Status CheckSharing(const v1::Command& command) const;
+  // `ordered` as Dispatch's: a command that came on the session stream.
+  void Enqueue(v1::Command command, bool ordered);
+  // Runs on a queue worker. Issues the command's work to `backend_stream`;
+  // what the work holds (upload bytes, staging chunks) is released, and a
+  // download is replied, only once the device has completed it. May move
+  // parts of `command` out.
+  void Execute(v1::Command& command, StreamHandle backend_stream);
+  absl::Status ExecuteLocked(v1::Command& command, StreamHandle backend_stream,
+                             v1::Completion* completion, bool* reply)
+      ABSL_SHARED_LOCKS_REQUIRED(memory_mu_);
+  // Replies `completion` (with `data` as its bytes when not null) once the
+  // work issued so far to `backend_stream` has completed.
+  absl::Status ReplyWhenComplete(int device, StreamHandle backend_stream,
+                                 v1::Completion completion, std::shared_ptr<std::string> data);
+  // Runs `release` once the work issued so far to `backend_stream` has
+  // completed (in a backend thread, or here after waiting for the stream).
+  void ReleaseWhenComplete(int device, StreamHandle backend_stream,
+                           DeviceRuntime::HostFunc release);
+  // The attached staging region; FAILED_PRECONDITION naming the command
+  // when there is none.
+  absl::StatusOr<std::shared_ptr<StagingRegion>> Staging(const v1::Command& command) const;
+  // Pinned region `region`, named by `command`; NOT_FOUND naming both when
+  // the session has no such region.
+  absl::StatusOr<std::shared_ptr<PinnedRegion>> Pinned(const v1::Command& command,
+                                                       uint64_t region) const;
+  // Forgets pinned region `region` once every earlier command has completed.
+  void ScheduleReleasePinned(uint64_t seq, uint64_t region);
+  // Frees the staging chunk of a staged copy_to_device that will not run.
+  void ReleaseStagedUpload(const v1::Command& command);
+  // The counters of `device`; null when metrics are off.
+  DeviceMetrics* MetricsFor(int device) const;
+  // Counts a copy command's bytes (when metrics are on).
+  void CountCopy(int device, CopyDirection direction, uint64_t nbytes);
+  // OK when [addr, addr + nbytes) lies inside one segment of `device`.
+  absl::Status CheckRange(const v1::Command& command, int device, uint64_t addr,
+                          uint64_t nbytes) const;
+  // The queue for (device, stream), created on first use.
+  absl::StatusOr<StreamState*> QueueFor(int device, uint64_t stream);
+  // The queue for (device, stream) if that stream was used, else null.
+  StreamState* ExistingQueue(int device, uint64_t stream);
+  // Runs `action` once every command already queued on `device` (every
+  // device when device < 0) has executed and the device has completed its
+  // work (each stream synchronised): in the reading thread when nothing is
+  // queued, else on the worker that finishes last. `action` gets the first
+  // error a stream synchronisation reported.
+  void AfterQueuedWork(int device, std::function<void(absl::Status)> action);
+  void ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // The error completion for command `seq` (logged and counted).
+  v1::Completion ErrorCompletion(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // Sends `completion` on the sync channel, with the errors sent before it.
+  void WriteSyncReply(v1::Completion completion);
+  // Waits for the session's work on `device`'s default stream (shared with
+  // other sessions) and for its host functions.
+  absl::Status DrainDefaultStream(int device);
+  // ---- events and stream queries (flagos.proto RecordEvent ... QueryStream).
+  // One record_event makes one EventRecord; an event id names its latest
+  // record. The record's task on its stream queue creates and records the
+  // backend event, then marks the record issued and runs what waited for
+  // it. With the CPU backend an issued record has completed.
+  struct EventRecord {
+    EventRecord(DeviceRuntime* runtime, int device, bool timing)
+        : runtime(runtime), device(device), timing(timing) {}
+    ~EventRecord();  // destroys the backend event
+    EventRecord(const EventRecord&) = delete;
+    EventRecord& operator=(const EventRecord&) = delete;
+
+    DeviceRuntime* const runtime;
+    const int device;
+    const bool timing;
+    // Guarded by gate_mu_; `handle` is written once, before `issued`.
+    bool issued = false;
+    EventHandle handle = 0;  // 0: the backend record failed (reported then)
+    std::vector<std::function<void()>> on_issued;
+  };
+  class RecordTask;
+  // Reading thread.
+  void RecordEvent(v1::Command command);
+  void WaitEvent(v1::Command command);
+  void QueryEvent(const v1::Command& command);
+  void SynchronizeEvent(const v1::Command& command);
+  void ElapsedTime(const v1::Command& command);
+  void DestroyEvent(const v1::Command& command);
+  void QueryStream(const v1::Command& command);
+  void SyncStream(const v1::Command& command);
+  // The latest record of `event`; nullptr when it was never recorded (or
+  // destroyed since).
+  std::shared_ptr<EventRecord> LatestRecord(uint64_t event) const;
+  // Runs `action` once every record is issued: now, in the calling thread,
+  // when they all are, else on the worker issuing the last one. Dropped
+  // unrun when the session closes first.
+  void WhenIssued(const std::vector<std::shared_ptr<EventRecord>>& records,
+                  std::function<void()> action);
+  // Worker: creates and records the backend event of `record` on
+  // `backend_stream`, then marks it issued and runs its on_issued actions.
+  void IssueRecord(uint64_t seq, EventRecord& record, StreamHandle backend_stream);
+  // Marks a record whose task will never run issued (without a backend
+  // event) and drops its on_issued actions.
+  void AbandonRecord(EventRecord& record);
+
+  // What a copy from another device waits for: every earlier command on
+  // the source device executed (`ready`), and the Resume of the copy's
+  // parked queue when it parked first. Guarded by gate_mu_.
+  struct SourceReady {
+    bool ready = false;
+    std::optional<StreamQueue::Resume> resume;
+  };
+
+  // Constant after construction.
+  const uint64_t id_;
+  const int64_t pid_;
+  // The peer's user and group, from the kernel when peer_known_; -1
+  // (unknown: a TCP session) otherwise. The user is whom its memory counts
+  // for in quotas_ and whom it may share memory with (grants_).
+  const bool peer_known_;
+  const int64_t uid_;
+  const int64_t gid_;
+  MemoryQuotas* const quotas_;
+  const std::string client_;
+  const std::string torch_version_;
+  const std::string command_line_;
+  const Backend& backend_;
+  DeviceActivity* const activity_;
+  Metrics* const metrics_;
+  MemoryGrants* const grants_;
+  // The stream's EndFn is called under end_mu_ and never once Detach set
+  // stream_gone_: the stream goes away with the reading thread.
+  absl::Mutex end_mu_;
+  bool stream_gone_ ABSL_GUARDED_BY(end_mu_) = false;
+  // Writes every reply (stream and sync channel); no worker blocks on the
+  // client's sockets. Finished by Close before the sync fd is closed.
+  ReplyWriter replies_;
+  const std::vector<WorkerPool*> pools_;
+  const std::unique_ptr<OpRunner> ops_;
+
+  // Serialises Dispatch between the reading thread and the sync channel.
+  absl::Mutex dispatch_mu_;
+  bool has_seq_ ABSL_GUARDED_BY(dispatch_mu_) = false;
+  uint64_t last_seq_ ABSL_GUARDED_BY(dispatch_mu_) = 0;
+  bool sync_closing_ ABSL_GUARDED_BY(dispatch_mu_) = false;
+  // Reading thread only (then the closing thread, after Detach).
+  bool closed_ = false;
+  // Detach was called: commands not yet executing are skipped.
+  std::atomic<bool> detached_{false};
+  // Commands in Execute now.
+  std::atomic<uint32_t> running_{0};
+
+  // The sync channel: its socket (-1: none), thread, and the seq of the
+  // command whose reply it waits for (0: none). sync_fd_ is set once, under
+  // dispatch_mu_ and sync_fd_mu_ (Detach takes only the latter: the sync
+  // thread holds dispatch_mu_ while a command it runs itself executes).
+  absl::Mutex sync_fd_mu_;
+  bool sync_detached_ ABSL_GUARDED_BY(sync_fd_mu_) = false;
+  int sync_fd_ = -1;
+  std::thread sync_thread_;
+  std::atomic<uint64_t> sync_seq_{0};
+  // Error completions sent on the session stream so far.
+  std::atomic<uint64_t> errors_sent_{0};
+
+  std::atomic<uint64_t> commands_{0};
+  std::atomic<uint64_t> stream_bytes_received_{0};
+  std::atomic<uint64_t> stream_bytes_sent_{0};
+  std::atomic<uint64_t> staged_bytes_{0};
+  const std::string staging_token_;
+  // Set once by AttachStaging; commands take a reference while they use it.
+  mutable absl::Mutex staging_mu_;
+  std::shared_ptr<StagingRegion> staging_ ABSL_GUARDED_BY(staging_mu_);
+  bool staging_registered_ ABSL_GUARDED_BY(staging_mu_) = false;
+  // Pinned host regions by id; commands take a reference while they use one.
+  mutable absl::Mutex pinned_mu_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<PinnedRegion>> pinned_
+      ABSL_GUARDED_BY(pinned_mu_);
+  uint64_t pinned_total_bytes_ ABSL_GUARDED_BY(pinned_mu_) = 0;
+  SegmentTable segments_;  // internally synchronised
+  // Segments of other sessions held through import_memory (each once, with
+  // the session's count of holds on it).
+  SegmentTable imported_;  // internally synchronised
+  absl::Mutex imports_mu_;
+  absl::flat_hash_map<std::pair<int, DevicePtr>, uint64_t> import_holds_
+      ABSL_GUARDED_BY(imports_mu_);
+
+  // Held shared while a command uses device memory, exclusively to free it.
+  mutable absl::Mutex memory_mu_;
+
+  mutable absl::Mutex queues_mu_;
+  absl::flat_hash_map<std::pair<int, uint64_t>, std::unique_ptr<StreamState>> queues_
+      ABSL_GUARDED_BY(queues_mu_);
+
+  absl::Mutex payload_mu_;
+  uint64_t queued_payload_bytes_ ABSL_GUARDED_BY(payload_mu_) = 0;
+
+  // Guards EventRecord's issued state and SourceReady.
+  absl::Mutex gate_mu_;
+
+  // Event id → its latest record. Reading thread only.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<EventRecord>> events_;
+
+  // Frees scheduled and not yet executed (allocate waits for them before it
+  // reports out-of-memory).
+  absl::Mutex free_mu_;
+  int pending_frees_ ABSL_GUARDED_BY(free_mu_) = 0;
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_SESSIONS_SESSION_H_
