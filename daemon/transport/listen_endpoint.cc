@@ -1,6 +1,8 @@
 #include "transport/listen_endpoint.h"
 
+#include <arpa/inet.h>
 #include <grp.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -20,9 +22,18 @@ namespace {
 
 constexpr char kSystemGroup[] = "flagos";
 
+// "127.x.x.x" only as an IPv4 address: a host name starting "127." is
+// whatever DNS says it is.
 bool IsLoopbackHost(absl::string_view host) {
-  return host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
+  if (host == "localhost" || host == "[::1]") return true;
+  in_addr address{};
+  return inet_pton(AF_INET, std::string(host).c_str(), &address) == 1 &&
+         (ntohl(address.s_addr) >> 24) == 127;
 }
+
+// The path of the system socket, however --listen spells it.
+constexpr absl::string_view kSystemSocketPath = "/run/flagosd/flagosd.sock";
+static_assert(absl::string_view(kDefaultListen).substr(7) == kSystemSocketPath);
 
 // OK when something accepts connections on `path`.
 bool SomeoneListens(const std::string& path) {
@@ -56,7 +67,7 @@ absl::StatusOr<ListenEndpoint> ParseListenEndpoint(absl::string_view spec) {
           "; choose a shorter path"));
     }
     endpoint.unix_path = std::string(path);
-    endpoint.mode = spec == kDefaultListen ? 0660 : 0600;
+    endpoint.mode = path == kSystemSocketPath ? 0660 : 0600;
     return endpoint;
   }
   const size_t colon = spec.rfind(':');

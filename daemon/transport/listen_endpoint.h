@@ -18,10 +18,11 @@ inline constexpr char kDefaultListen[] = "unix:///run/flagosd/flagosd.sock";
 struct ListenEndpoint {
   std::string uri;        // what gRPC listens on
   std::string unix_path;  // the socket file; empty for TCP
-  // Socket file mode: 0660 for the system socket (kDefaultListen, shared
-  // with the `flagos` group), 0600 (owner only) for any other path.
+  // Socket file mode: 0660 for the system socket (kDefaultListen's path,
+  // however spelled; shared with the `flagos` group), 0600 (owner only) for
+  // any other path.
   mode_t mode = 0600;
-  // TCP on localhost, 127.x.x.x or [::1].
+  // TCP on localhost, an IPv4 address 127.x.x.x or [::1].
   bool loopback = false;
 };
 
