@@ -3,8 +3,10 @@
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/security/server_credentials.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -17,6 +19,11 @@ namespace {
 constexpr char kBearer[] = "Bearer ";
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* flag) {
+  // A directory opens, and reads as an empty file.
+  if (std::error_code error; std::filesystem::is_directory(path, error)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, "=", path, ": is a directory; give the file itself"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::FailedPreconditionError(absl::StrCat(
