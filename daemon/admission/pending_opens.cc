@@ -1,5 +1,6 @@
 #include "admission/pending_opens.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -13,8 +14,12 @@ PendingOpens::Ticket::~Ticket() {
 
 bool PendingOpens::Ticket::expired() const { return owner_ != nullptr && owner_->Expired(id_); }
 
-PendingOpens::PendingOpens(size_t limit, absl::Duration deadline)
-    : limit_(limit), deadline_(deadline), timer_([this] { TimerLoop(); }) {}
+PendingOpens::PendingOpens(size_t limit, absl::Duration deadline, size_t per_connection)
+    : limit_(limit),
+      per_connection_(per_connection),
+      per_uid_(std::max(per_connection, limit / 4)),
+      deadline_(deadline),
+      timer_([this] { TimerLoop(); }) {}
 
 PendingOpens::~PendingOpens() {
   {
@@ -24,18 +29,55 @@ PendingOpens::~PendingOpens() {
   timer_.join();
 }
 
-absl::StatusOr<PendingOpens::Ticket> PendingOpens::Enter(absl::AnyInvocable<void()> cancel) {
+absl::StatusOr<PendingOpens::Ticket> PendingOpens::Enter(absl::AnyInvocable<void()> cancel,
+                                                        const Opener& opener,
+                                                        size_t uid_allowance) {
   absl::MutexLock lock(&mu_);
-  size_t waiting = 0;
-  for (const auto& [id, entry] : entries_) waiting += entry.expired ? 0 : 1;
+  size_t waiting = 0, of_connection = 0, of_uid = 0;
+  for (const auto& [id, entry] : entries_) {
+    if (entry.expired) continue;
+    ++waiting;
+    if (!opener.connection.empty() && entry.opener.connection == opener.connection) {
+      ++of_connection;
+    }
+    if (opener.uid >= 0 && entry.opener.uid == opener.uid) ++of_uid;
+  }
+  const std::string wait = absl::StrCat("each may wait ", absl::FormatDuration(deadline_),
+                                        " for its `open`");
   if (waiting >= limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        limit_, " connections are waiting to open a session already (each may wait ",
-        absl::FormatDuration(deadline_), " for its `open`); try again"));
+        limit_, " connections are waiting to open a session already (", wait, "); try again"));
+  }
+  if (!opener.connection.empty() && of_connection >= per_connection_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "connection ", opener.connection, " has ", of_connection,
+        " session streams waiting to send `open` already, the most one connection may (", wait,
+        "); send `open` on those first"));
+  }
+  if (opener.uid >= 0 && of_uid >= std::min(per_uid_, uid_allowance)) {
+    if (of_uid >= uid_allowance) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", opener.uid, " has ", of_uid,
+          " session streams waiting to send `open`, as many as the sessions "
+          "--max-sessions-per-uid still lets it open; end another of its processes, or ask the "
+          "node's administrator for a larger limit"));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", opener.uid, " has ", of_uid, " session streams waiting to send `open` already, ",
+        "the most one user may of the daemon's ", limit_, " (", wait, "); try again"));
   }
   const uint64_t id = next_id_++;
-  entries_.emplace(id, Entry{absl::Now() + deadline_, std::move(cancel)});
+  entries_.emplace(id, Entry{absl::Now() + deadline_, std::move(cancel), opener});
   return Ticket(this, id);
+}
+
+size_t PendingOpens::waiting_of_uid(int64_t uid) const {
+  absl::MutexLock lock(&mu_);
+  size_t of_uid = 0;
+  for (const auto& [id, entry] : entries_) {
+    of_uid += !entry.expired && entry.opener.uid == uid ? 1 : 0;
+  }
+  return of_uid;
 }
 
 size_t PendingOpens::waiting() const {

@@ -1,5 +1,6 @@
 #include "sessions/session_registry.h"
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,15 +18,8 @@ absl::StatusOr<uint64_t> SessionRegistry::Admit(std::function<void()> cancel, in
         " sessions, its limit; end other sessions or start flagosd with a larger "
         "--max-sessions"));
   }
-  if (max_sessions_per_uid_ > 0 && uid >= 0) {
-    int of_user = 0;
-    for (const auto& [id, entry] : sessions_) of_user += entry.uid == uid ? 1 : 0;
-    if (of_user >= max_sessions_per_uid_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "uid ", uid, " has ", of_user, " sessions open, the most --max-sessions-per-uid=",
-          max_sessions_per_uid_, " allows one user; end another of its processes, or ask the "
-          "node's administrator for a larger limit"));
-    }
+  if (absl::StatusOr<size_t> left = SessionsLeftForLocked(uid); !left.ok()) {
+    return left.status();
   }
   // A closing session may still run a command (on its sync channel's thread
   // too): bounding them bounds the commands and threads that sessions of
@@ -40,6 +34,24 @@ absl::StatusOr<uint64_t> SessionRegistry::Admit(std::function<void()> cancel, in
   const uint64_t id = next_id_++;
   sessions_.emplace(id, Entry{std::move(cancel), uid, nullptr});
   return id;
+}
+
+absl::StatusOr<size_t> SessionRegistry::SessionsLeftFor(int64_t uid) const {
+  absl::MutexLock lock(&mu_);
+  return SessionsLeftForLocked(uid);
+}
+
+absl::StatusOr<size_t> SessionRegistry::SessionsLeftForLocked(int64_t uid) const {
+  if (max_sessions_per_uid_ <= 0 || uid < 0) return std::numeric_limits<size_t>::max();
+  int of_user = 0;
+  for (const auto& [id, entry] : sessions_) of_user += entry.uid == uid ? 1 : 0;
+  if (of_user >= max_sessions_per_uid_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", uid, " has ", of_user, " sessions open, the most --max-sessions-per-uid=",
+        max_sessions_per_uid_, " allows one user; end another of its processes, or ask the "
+        "node's administrator for a larger limit"));
+  }
+  return static_cast<size_t>(max_sessions_per_uid_ - of_user);
 }
 
 void SessionRegistry::Attach(uint64_t id, std::shared_ptr<Session> session) {

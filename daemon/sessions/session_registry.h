@@ -47,6 +47,10 @@ class SessionRegistry {
   // `cancel` ends the session's stream (called by CancelAll); it must stay
   // callable until Remove(id) returns.
   absl::StatusOr<uint64_t> Admit(std::function<void()> cancel, int64_t uid = -1);
+  // How many more sessions user `uid` may open (--max-sessions-per-uid less
+  // its live sessions; SIZE_MAX when there is no limit or `uid` is -1).
+  // RESOURCE_EXHAUSTED, as Admit gives it, when none.
+  absl::StatusOr<size_t> SessionsLeftFor(int64_t uid) const;
   // Makes an admitted session visible to Snapshot.
   void Attach(uint64_t id, std::shared_ptr<Session> session);
   // Drops the session; after this `cancel` is never called.
@@ -75,6 +79,8 @@ class SessionRegistry {
   void CancelAll();
 
  private:
+  absl::StatusOr<size_t> SessionsLeftForLocked(int64_t uid) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Entry {
     std::function<void()> cancel;
     int64_t uid = -1;

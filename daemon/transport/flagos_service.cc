@@ -163,10 +163,26 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
 
 grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStream* stream) {
   v1::ClientMessage message;
+  // Who connected, from the kernel: the unix sockets' connections are the
+  // daemon's own accepts (UnixAcceptor); a TCP peer has no credentials.
+  std::optional<PeerCredentials> peer;
+  if (std::optional<int> fd = AcceptedDescriptor(context->peer()); fd.has_value()) {
+    if (absl::StatusOr<PeerCredentials> read = ReadPeerCredentials(*fd); read.ok()) {
+      peer = *std::move(read);
+    }
+  }
   {
-    // Until `open` arrives the stream holds a thread outside --max-sessions.
-    absl::StatusOr<PendingOpens::Ticket> waiting =
-        pending_opens_.Enter([context] { context->TryCancel(); });
+    // Until `open` arrives the stream holds a thread outside --max-sessions,
+    // and counts as one of its user's sessions.
+    const int64_t uid = peer ? peer->uid : -1;
+    absl::StatusOr<size_t> sessions_left = registry_.SessionsLeftFor(uid);
+    if (!sessions_left.ok()) {
+      if (metrics_ != nullptr) metrics_->CountSessionRefused();
+      return Counted(ToGrpc(sessions_left.status()));
+    }
+    absl::StatusOr<PendingOpens::Ticket> waiting = pending_opens_.Enter(
+        [context] { context->TryCancel(); }, PendingOpens::Opener{context->peer(), uid},
+        *sessions_left);
     if (!waiting.ok()) return Counted(ToGrpc(waiting.status()));
     absl::StatusOr<bool> read = ReadClientMessage(stream, &message);
     if (!read.ok()) return Counted(ToGrpc(read.status()));
@@ -189,14 +205,6 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
         absl::StrCat("the session was opened with protocol version ", open.version(),
                      "; flagosd speaks ", VersionRange(kMinProtocolVersion, kMaxProtocolVersion),
                      "; open it with the version Negotiate returned")));
-  }
-  // Who connected, from the kernel: the unix sockets' connections are the
-  // daemon's own accepts (UnixAcceptor); a TCP peer has no credentials.
-  std::optional<PeerCredentials> peer;
-  if (std::optional<int> fd = AcceptedDescriptor(context->peer()); fd.has_value()) {
-    if (absl::StatusOr<PeerCredentials> read = ReadPeerCredentials(*fd); read.ok()) {
-      peer = *std::move(read);
-    }
   }
   if (absl::Status allowed = access_.Check(peer); !allowed.ok()) {
     LogWarning(absl::StrCat("session refused (", peer ? peer->ToString() : context->peer(),

@@ -46,9 +46,14 @@ c10::DeviceIndex IndexOf(c10::Device device) {
 
 uint64_t EventId(void* event) { return reinterpret_cast<uint64_t>(event); }
 
-// Whether `event` was minted for a session that is lost since (ids only
-// grow; each session's first is FirstEventIdOfSession).
-bool LostEvent(void* event) { return EventId(event) < FirstEventIdOfSession(); }
+// Whether `event` was minted for a session that is over: lost since (ids
+// only grow; each session's first is FirstEventIdOfSession), or closed at
+// interpreter exit (tensors and caches that outlive the session, such as a
+// pinned block whose copy recorded an event, still query and destroy
+// their events then).
+bool LostEvent(void* event) {
+  return EventId(event) < FirstEventIdOfSession() || SessionClosedAtExit();
+}
 
 // Commands about an event only: the daemon does not use their device.
 flagos::v1::Command EventCommand() {

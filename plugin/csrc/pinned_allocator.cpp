@@ -4,6 +4,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -62,7 +64,10 @@ struct FlagosPinnedImpl final : public at::CachingHostAllocatorImpl<c10::Stream,
   void record_stream(std::optional<std::vector<c10::Event>>& events,
                      c10::Stream stream) override {
     c10::Event event(c10::DeviceType::PrivateUse1);
-    event.record(stream);
+    // A block freed after the session closed at exit (a pinned tensor kept
+    // in a global) waits for nothing: the daemon ended the session's work.
+    // An event never recorded counts as complete.
+    if (!SessionClosedAtExit()) event.record(stream);
     events->push_back(std::move(event));
   }
 
@@ -88,7 +93,16 @@ FlagosPinnedAllocator& Instance() {
   return *allocator;
 }
 
-void DeletePinned(void* ctx) { Instance().free(ctx); }
+// A deleter: nothing may escape it (an exception here would terminate the
+// process, at exit for a pinned tensor that outlives the session). A
+// failure is reported and the block is left to the process's end.
+void DeletePinned(void* ctx) {
+  try {
+    Instance().free(ctx);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "torch_fl: freeing a pinned host block failed: %s\n", e.what());
+  }
+}
 
 // PrivateUse1's host allocator (at::getHostAllocator), so that torch's
 // device-generic code finds it as it finds CUDA's.

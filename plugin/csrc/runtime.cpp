@@ -17,6 +17,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "autograd_device_queues.h"
 #include "pinned_allocator.h"
 
 namespace torch_fl {
@@ -42,7 +43,8 @@ struct RuntimeState {
   std::string endpoint;
   // The current generation's connection; null before it opens.
   std::unique_ptr<flagos::client::Connection> connection;
-  bool closed = false;
+  bool closed = false;  // guarded by mu; closed_at_exit mirrors it lock-free
+  std::atomic<bool> closed_at_exit{false};
   std::atomic<uint64_t> generation{1};
   std::atomic<uint64_t> first_event_id{1};
   std::map<uint64_t, LostSession> lost;  // by generation
@@ -242,6 +244,10 @@ flagos::client::Connection& Session() {
   ThrowIfSessionLost("");
   bool reopened = false;
   flagos::client::Connection& connection = OpenSession(&reopened);
+  // An autograd engine that started before torch_fl was imported has no
+  // queues for flagos devices yet (outside s.mu: its new workers count
+  // devices as they start).
+  EnsureAutogradDeviceQueues(connection.info().devices_size());
   // Cached pinned blocks of a lost session would serve later pin_memory()
   // calls as ordinary memory: give them back now (outside s.mu; freeing
   // takes it).
@@ -259,10 +265,13 @@ void CloseSession() {
   {
     std::lock_guard<std::mutex> lock(State().mu);
     State().closed = true;
+    State().closed_at_exit.store(true, std::memory_order_release);
     connection = std::move(State().connection);
   }
   if (connection) connection->Close();  // bounded: see Connection::Close
 }
+
+bool SessionClosedAtExit() { return State().closed_at_exit.load(std::memory_order_acquire); }
 
 uint64_t CurrentGeneration() { return State().generation.load(std::memory_order_acquire); }
 

@@ -51,6 +51,9 @@ flagos::client::Connection& Session();
 bool SessionOpen();
 // Ends the session (at interpreter exit). Later device frees are dropped.
 void CloseSession();
+// True once CloseSession ran: the daemon has released everything the
+// session held, so its work is over (events count as complete). Lock-free.
+bool SessionClosedAtExit();
 
 // The generation of the current session: the one the next command goes to
 // (it moves on once a loss was reported, before the new session opens).

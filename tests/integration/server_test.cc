@@ -2,6 +2,8 @@
 // directory, driven through the generated stub with raw Session streams.
 #include "transport/server.h"
 
+#include "admission/pending_opens.h"
+
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -836,6 +838,140 @@ TEST_F(ServerTest, StreamsThatNeverOpenAreBoundedAndCancelled) {
   served.Open();
   EXPECT_NE(served.AllocateOk(64), 0u);
   EXPECT_EQ(server_->pending_opens(), 0u);
+}
+
+// Fair admission: the streams waiting for `open` are shared out, so that no
+// connection or user can keep the others from opening sessions.
+class FairAdmissionTest : public ServerTest {
+ protected:
+  void Configure(ServerOptions* options) override {
+    options->max_sessions = 8;
+    options->max_pending_opens = 64;  // one user: 64 / 4 = 16 of them
+    options->open_deadline = absl::Seconds(20);
+  }
+
+  // A stub on a connection of its own (channels with the same arguments
+  // would otherwise share one connection).
+  std::unique_ptr<v1::Flagos::Stub> NewConnection() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("flagos.test.connection", ++connections_);
+    return v1::Flagos::NewStub(
+        grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), args));
+  }
+
+  // Waits until `n` streams wait for their `open`.
+  void AwaitPending(size_t n) {
+    for (int i = 0; i < 500 && server_->pending_opens() != n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(server_->pending_opens(), n);
+  }
+
+  // The status a stream that was refused before `open` ends with.
+  static grpc::Status Refusal(RawSession& session) {
+    v1::ServerMessage reply;
+    EXPECT_FALSE(session.stream().Read(&reply));
+    return session.stream().Finish();
+  }
+
+  int connections_ = 0;
+};
+
+TEST_F(FairAdmissionTest, OneConnectionCannotHoldEveryWaitingSlot) {
+  // 200 streams on one connection that never send `open`.
+  std::unique_ptr<v1::Flagos::Stub> greedy = NewConnection();
+  std::vector<std::unique_ptr<RawSession>> idle;
+  for (int i = 0; i < kMaxPendingOpensPerConnection; ++i) {
+    idle.push_back(std::make_unique<RawSession>(greedy.get()));
+  }
+  AwaitPending(kMaxPendingOpensPerConnection);
+  int refused = 0;
+  std::string message;
+  for (int i = 0; i < 196; ++i) {
+    RawSession more(greedy.get());
+    grpc::Status status = Refusal(more);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    refused += status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? 1 : 0;
+    message = status.error_message();
+  }
+  EXPECT_EQ(refused, 196);
+  EXPECT_TRUE(absl::StrContains(message, absl::StrCat("has ", kMaxPendingOpensPerConnection,
+                                                      " session streams waiting to send `open` "
+                                                      "already, the most one connection may")))
+      << message;
+  EXPECT_EQ(server_->pending_opens(), kMaxPendingOpensPerConnection);
+  // Another connection opens a session at once, and it works.
+  std::unique_ptr<v1::Flagos::Stub> other = NewConnection();
+  RawSession served(other.get());
+  const uint64_t id = served.Open();
+  if (id == 0) FAIL() << served.stream().Finish().error_message();
+  EXPECT_NE(served.AllocateOk(64), 0u);
+}
+
+TEST_F(FairAdmissionTest, OneUserCannotHoldEveryWaitingSlot) {
+  // Every connection here is this process's user: a quarter of the 64, on
+  // four connections of four streams each.
+  std::vector<std::unique_ptr<v1::Flagos::Stub>> stubs;
+  std::vector<std::unique_ptr<RawSession>> idle;
+  for (int c = 0; c < 4; ++c) {
+    stubs.push_back(NewConnection());
+    for (size_t i = 0; i < kMaxPendingOpensPerConnection; ++i) {
+      idle.push_back(std::make_unique<RawSession>(stubs.back().get()));
+    }
+  }
+  AwaitPending(16);
+  stubs.push_back(NewConnection());
+  RawSession refused(stubs.back().get());
+  grpc::Status status = Refusal(refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(
+      status.error_message(),
+      absl::StrCat("uid ", getuid(), " has 16 session streams waiting to send `open` already, "
+                   "the most one user may of the daemon's 64")))
+      << status.error_message();
+  // Once one of them opens, the user may wait with another.
+  EXPECT_NE(idle[0]->Open(), 0u);
+  AwaitPending(15);
+  RawSession next(stubs.back().get());
+  EXPECT_NE(next.Open(), 0u);
+}
+
+class AdmissionPerUidTest : public FairAdmissionTest {
+ protected:
+  void Configure(ServerOptions* options) override {
+    FairAdmissionTest::Configure(options);
+    options->max_sessions_per_uid = 2;
+  }
+};
+
+TEST_F(AdmissionPerUidTest, StreamsWaitingToOpenCountAgainstMaxSessionsPerUid) {
+  std::unique_ptr<v1::Flagos::Stub> first = NewConnection();
+  RawSession live(first.get());
+  EXPECT_NE(live.Open(), 0u);
+  std::unique_ptr<v1::Flagos::Stub> second = NewConnection();
+  RawSession waiting(second.get());
+  AwaitPending(1);
+  // One session open and one stream about to open: the user's two.
+  std::unique_ptr<v1::Flagos::Stub> third = NewConnection();
+  RawSession refused(third.get());
+  grpc::Status status = Refusal(refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(status.error_message(),
+                                absl::StrCat("uid ", getuid(), " has 1 session streams waiting "
+                                             "to send `open`, as many as the sessions "
+                                             "--max-sessions-per-uid still lets it open")))
+      << status.error_message();
+  // Both open: the next is refused as a third session.
+  EXPECT_NE(waiting.Open(), 0u);
+  std::unique_ptr<v1::Flagos::Stub> fourth = NewConnection();
+  RawSession third_session(fourth.get());
+  status = Refusal(third_session);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(status.error_message(),
+                                absl::StrCat("uid ", getuid(), " has 2 sessions open, the most "
+                                             "--max-sessions-per-uid=2 allows one user")))
+      << status.error_message();
 }
 
 // Finding 3 of the untrusted-client review: memory a kernel gets from the
