@@ -10,7 +10,9 @@
 // - Each stream (the per-device default stream and every created one) is a
 //   FIFO run by its own worker thread, started on the first queued
 //   operation. An operation becomes runnable FAKE_XPU_DELAY_US after it was
-//   issued, so completion always lags the call.
+//   issued, so completion always lags the call. With FAKE_XPU_STALL_AFTER
+//   the Nth queued operation, and every later one on its device, is marked
+//   stalled: its worker waits at it until the library unloads.
 // - An event's record is a shared Record whose `done` flag the worker sets
 //   when it reaches the marker; waits on records use one global
 //   mutex/condition variable.
@@ -120,6 +122,10 @@ struct Config {
   int64_t delay_us = 200;
   std::vector<FailRule> fail[kSymCount];
   bool lie[kSymCount] = {};
+  // FAKE_XPU_STALL_AFTER=N[@D]: the Nth queued operation (of device D, or
+  // of any device when D < 0) stalls its device; 0: never.
+  uint64_t stall_after = 0;
+  int stall_device = -1;
 };
 
 struct Record {
@@ -135,6 +141,7 @@ struct Op {
   const void* src = nullptr;  // translated (shadow or host) address
   uint64_t size = 0;
   std::shared_ptr<Record> record;  // kRecord: to complete; kWaitRecord: to wait for (may be null)
+  bool stalled = false;            // issued to a stalled device: never runs
 };
 
 struct Stream {
@@ -198,6 +205,12 @@ struct State {
 
   std::mutex rec_mu;  // record completion and waits on it
   std::condition_variable rec_cv;
+
+  // FAKE_XPU_STALL_AFTER's count of queued operations and the devices it
+  // stalled. Taken inside a stream's mu, never the other way round.
+  std::mutex stall_mu;
+  uint64_t queued_ops = 0;
+  bool stalled[kMaxDevices] = {};
 };
 
 State* g = nullptr;
@@ -246,6 +259,16 @@ void ParseConfig(Config& cfg) {
       rule.nth = static_cast<uint64_t>(ParseInt("FAKE_XPU_FAIL", f[1], 0, LLONG_MAX));
       rule.code = static_cast<int>(ParseInt("FAKE_XPU_FAIL", f[2], INT_MIN, INT_MAX));
       cfg.fail[sym].push_back(rule);
+    }
+  }
+  if (const char* v = std::getenv("FAKE_XPU_STALL_AFTER")) {
+    const std::string text = Trim(v);
+    const size_t at = text.find('@');
+    cfg.stall_after = static_cast<uint64_t>(
+        ParseInt("FAKE_XPU_STALL_AFTER", text.substr(0, at), 1, LLONG_MAX));
+    if (at != std::string::npos) {
+      cfg.stall_device = static_cast<int>(
+          ParseInt("FAKE_XPU_STALL_AFTER", text.substr(at + 1), 0, cfg.devices - 1));
     }
   }
   if (const char* v = std::getenv("FAKE_XPU_LIE")) {
@@ -517,6 +540,10 @@ void RunWorker(Stream* s) {
       continue;
     }
     Clock::time_point ready = s->queue.front().ready_at;
+    if (s->queue.front().stalled) {  // until StopStream
+      s->cv.wait(lk);
+      continue;
+    }
     if (Clock::now() < ready) {
       s->cv.wait_until(lk, ready);
       continue;
@@ -532,6 +559,17 @@ void RunWorker(Stream* s) {
   }
 }
 
+// Counts one operation queued on device `dev` for FAKE_XPU_STALL_AFTER;
+// true when the device is stalled (by this operation or an earlier one).
+bool CountForStall(int dev) {
+  if (g->cfg.stall_after == 0) return false;
+  std::lock_guard<std::mutex> lk(g->stall_mu);
+  if (g->cfg.stall_device < 0 || g->cfg.stall_device == dev) {
+    if (++g->queued_ops == g->cfg.stall_after) g->stalled[dev] = true;
+  }
+  return g->stalled[dev];
+}
+
 int Enqueue(Stream& s, Op op) {
   op.ready_at = Clock::now() + std::chrono::microseconds(g->cfg.delay_us);
   {
@@ -545,6 +583,7 @@ int Enqueue(Stream& s, Op op) {
         return kErrNoHostMemory;
       }
     }
+    op.stalled = CountForStall(s.dev);
     s.queue.push_back(std::move(op));
     ++s.issued;
   }

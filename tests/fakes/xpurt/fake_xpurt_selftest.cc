@@ -972,6 +972,75 @@ int ModeReload() {
   return g_failures == 0 ? 0 : 1;
 }
 
+// FAKE_XPU_STALL_AFTER=3@1, two devices: device 1's third queued operation
+// and everything queued on device 1 after it never run; what came before
+// it, and device 0, are unaffected; the process still exits.
+int ModeStall() {
+  LoadRuntime();
+  const size_t n = 4096;
+  static auto* ones = new std::vector<unsigned char>(n, 0x11);  // outlive the stalled copies
+  static auto* twos = new std::vector<unsigned char>(n, 0x22);
+  CHECK_RC(api.xpu_set_device(1), kOk);
+  void* d = Malloc(n);
+  void* s1 = NewStream();
+  void* s2 = NewStream();
+  void* before = NewEvent();
+  void* after_same_stream = NewEvent();
+  void* after_other_stream = NewEvent();
+  CHECK_RC(api.xpu_memcpy_async(d, ones->data(), n, kH2D, s1), kOk);  // 1st
+  CHECK_RC(api.xpu_event_record(before, s1), kOk);                    // 2nd
+  CHECK_RC(api.xpu_memcpy_async(d, twos->data(), n, kH2D, s1), kOk);  // 3rd: stalls device 1
+  CHECK_RC(api.xpu_event_record(after_same_stream, s1), kOk);
+  CHECK_RC(api.xpu_event_record(after_other_stream, s2), kOk);
+  CHECK_RC(api.xpu_event_wait(before), kOk);
+  // Long past the delay, none of the work from the third on has run.
+  std::this_thread::sleep_for(std::chrono::microseconds(50 * g_delay_us) +
+                              std::chrono::milliseconds(20));
+  CHECK_RC(api.xpu_event_query(before), kOk);
+  CHECK_RC(api.xpu_event_query(after_same_stream), kErrBusy);
+  CHECK_RC(api.xpu_event_query(after_other_stream), kErrBusy);
+  // The device memory holds the first copy's bytes (xpu_memcpy_peer
+  // reads at once, past every stream).
+  CHECK_RC(api.xpu_set_device(0), kOk);
+  void* d0 = Malloc(n);
+  CHECK_RC(api.xpu_memcpy_peer(0, d0, 1, d, n), kOk);
+  CHECK(AllBytes(ReadDevice(d0, n), 0x11));
+  // Device 0 still completes work.
+  void* s0 = NewStream();
+  CHECK_RC(api.xpu_memcpy_async(d0, twos->data(), n, kH2D, s0), kOk);
+  CHECK_RC(api.xpu_wait(s0), kOk);
+  CHECK(AllBytes(ReadDevice(d0, n), 0x22));
+  // A thread waiting for the stalled stream is released by the unload at
+  // exit, which must not hang.
+  std::thread([s1] {
+    api.xpu_set_device(1);
+    api.xpu_wait(s1);
+  }).detach();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// FAKE_XPU_STALL_AFTER=2 (no device): operations of every device count;
+// the second one, on device 1, stalls device 1 only.
+int ModeStallAnyDevice() {
+  LoadRuntime();
+  void* e0 = NewEvent();
+  void* s0 = NewStream();
+  CHECK_RC(api.xpu_set_device(1), kOk);
+  void* e1 = NewEvent();
+  void* s1 = NewStream();
+  CHECK_RC(api.xpu_set_device(0), kOk);
+  CHECK_RC(api.xpu_event_record(e0, s0), kOk);  // 1st
+  CHECK_RC(api.xpu_set_device(1), kOk);
+  CHECK_RC(api.xpu_event_record(e1, s1), kOk);  // 2nd: stalls device 1
+  CHECK_RC(api.xpu_set_device(0), kOk);
+  CHECK_RC(api.xpu_event_record(e0, s0), kOk);  // 3rd, on device 0: runs
+  CHECK_RC(api.xpu_event_wait(e0), kOk);
+  std::this_thread::sleep_for(std::chrono::microseconds(50 * g_delay_us) +
+                              std::chrono::milliseconds(20));
+  CHECK_RC(api.xpu_event_query(e1), kErrBusy);
+  return g_failures == 0 ? 0 : 1;
+}
+
 int RunChildMode(const std::string& mode) {
   if (mode == "fail") return ModeFail();
   if (mode == "lie") return ModeLie();
@@ -982,6 +1051,8 @@ int RunChildMode(const std::string& mode) {
   if (mode == "xpuml-no-telemetry") return ModeXpumlNoTelemetry();
   if (mode == "exit-pending") return ModeExitPending();
   if (mode == "reload") return ModeReload();
+  if (mode == "stall") return ModeStall();
+  if (mode == "stall-any-device") return ModeStallAnyDevice();
   if (mode == "bad-env") {
     LoadRuntime();  // must abort
     return 3;
@@ -1011,6 +1082,8 @@ void TestModes() {
       {"exit-pending", {{"FAKE_XPU_DELAY_US", "20000"}}},
       // dlclose leaks the fake's bookkeeping by design (see README.md).
       {"reload", {{"FAKE_XPU_DELAY_US", "20000"}, {"ASAN_OPTIONS", "detect_leaks=0"}}},
+      {"stall", {{"FAKE_XPU_DEVICES", "2"}, {"FAKE_XPU_STALL_AFTER", "3@1"}}},
+      {"stall-any-device", {{"FAKE_XPU_DEVICES", "2"}, {"FAKE_XPU_STALL_AFTER", "2"}}},
   };
   for (const Case& c : cases) {
     auto t0 = Clock::now();
@@ -1030,6 +1103,8 @@ void TestModes() {
       {{"FAKE_XPU_FAIL", "xpu_nosuch:1:705"}}, {{"FAKE_XPU_FAIL", "xpu_malloc:x:705"}},
       {{"FAKE_XPU_LIE", "xpu_nosuch"}},        {{"FAKE_XPU_DEVICES", "65"}},
       {{"FAKE_XPU_MEMORY", "1G"}},             {{"FAKE_XPU_DELAY_US", "-1"}},
+      {{"FAKE_XPU_STALL_AFTER", "0"}},         {{"FAKE_XPU_STALL_AFTER", "3@2"}},
+      {{"FAKE_XPU_STALL_AFTER", "3@"}},
   };
   for (const auto& env : bad) {
     int st = RunMode("bad-env", env, 60);
@@ -1081,6 +1156,7 @@ int main(int argc, char** argv) {
   // The in-process checks expect the defaults (the delay may vary).
   unsetenv("FAKE_XPU_FAIL");
   unsetenv("FAKE_XPU_LIE");
+  unsetenv("FAKE_XPU_STALL_AFTER");
   unsetenv("FAKE_XPU_DEVICES");
   unsetenv("FAKE_XPU_MEMORY");
   unsetenv("FAKE_XPUML_TEMPERATURE");
