@@ -30,6 +30,8 @@
 #include "logging.h"
 #include "ops/op_runner.h"
 #include "transport/server.h"
+#include "observability/health_check.h"
+#include "observability/stalled_shutdown_guard.h"
 #include "observability/watchdog.h"
 
 ABSL_FLAG(std::vector<std::string>, listen,
@@ -104,9 +106,6 @@ ABSL_FLAG(std::string, metrics_listen, flagos::daemon::kDefaultMetricsListen,
           "127.0.0.1:9400, 0.0.0.0:9400 for a scraper on another host, or port 0 for a free "
           "port (the ready line names it). Empty (--metrics-listen=) disables metrics: no "
           "listener and nothing counted on the command path. docs/operations.md lists them.");
-ABSL_FLAG(absl::Duration, test_wedge_health_probes_after, absl::InfiniteDuration(),
-          "Testing only: device health probes started this long after start never finish, "
-          "as on a wedged device queue, so the systemd watchdog stops being fed.");
 ABSL_FLAG(std::string, record_client_messages, "",
           "Testing only: write every message clients send into this existing directory, one "
           "file each, rewritten to replay on their own (the fuzzer's seed corpus, scripts/fuzz; "
@@ -140,6 +139,12 @@ ABSL_FLAG(int, workers_per_device, 0,
 namespace flagos::daemon {
 namespace {
 
+// How long after SIGTERM a device's health probe may stay outstanding
+// before flagosd stops waiting for the device and exits
+// (StalledShutdownGuard); within the unit's TimeoutStopSec=15, so the log
+// says why rather than systemd's SIGKILL.
+constexpr absl::Duration kStalledShutdownGrace = absl::Seconds(5);
+
 constexpr char kUsage[] =
     "the flagos device daemon.\n\n"
     "flagosd owns this node's devices and runs PyTorch operators for clients that\n"
@@ -157,7 +162,8 @@ constexpr char kUsage[] =
     "and logs to stderr. Prometheus scrapes http://127.0.0.1:9400/metrics. Under systemd it\n"
     "sends READY=1, STATUS= lines and, with WatchdogSec, WATCHDOG=1 after health checks.\n"
     "SIGTERM or SIGINT stops it: sessions are cancelled, memory is freed,\n"
-    "and it exits with status 0.";
+    "and it exits with status 0; with status 1, 5 s after the signal, when a device\n"
+    "no longer completes work and so the shutdown cannot finish.";
 
 // Rewrites the command line for absl: flag names may be written with
 // dashes (--cpu-devices) as well as underscores (--cpu_devices), and
@@ -321,8 +327,6 @@ int Run(int argc, char** argv) {
       std::any_of(merged.begin(), merged.end(), [](const std::string& arg) {
         return absl::StartsWith(arg, "--metrics_listen") || absl::StartsWith(arg, "-metrics_listen");
       });
-  server_options.test_wedge_health_probes_after =
-      absl::GetFlag(FLAGS_test_wedge_health_probes_after);
   server_options.record_client_messages_dir = absl::GetFlag(FLAGS_record_client_messages);
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend->get());
   if (!server.ok()) return Fail(server.status().message());
@@ -369,13 +373,18 @@ int Run(int argc, char** argv) {
   auto watchdog = std::make_unique<Watchdog>(
       server->get(), absl::StrCat(runtime.DeviceCount(), " devices (", (*backend)->name(), ")"));
 
-  std::thread signal_thread([&stop_signals, &server, &watchdog] {
+  // Set by the signal thread: bounds a shutdown that a stuck device keeps
+  // from finishing.
+  std::unique_ptr<StalledShutdownGuard> stalled_shutdown_guard;
+  std::thread signal_thread([&stop_signals, &server, &watchdog, &stalled_shutdown_guard] {
     int signal_number = 0;
     sigwait(&stop_signals, &signal_number);
     LogInfo(absl::StrCat("received ", strsignal(signal_number),
                          ": cancelling sessions and shutting down"));
     sd_notify(0, "STOPPING=1\nSTATUS=stopping: cancelling sessions");
     watchdog->Stop();
+    stalled_shutdown_guard = std::make_unique<StalledShutdownGuard>(
+        (*server)->health_check().StartDeviceProbes(), kStalledShutdownGrace);
     (*server)->Shutdown(absl::Seconds(1));
   });
   (*server)->Wait();
@@ -383,6 +392,7 @@ int Run(int argc, char** argv) {
   watchdog.reset();
   server->reset();
   backend->reset();
+  stalled_shutdown_guard.reset();
   LogInfo("flagosd stopped");
   return 0;
 }

@@ -2,67 +2,56 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "transport/flagos_service.h"
 
 namespace flagos::daemon {
 
-HealthCheck::HealthCheck(const Backend& backend, std::string endpoint, Connect connect,
-                         absl::Duration wedge_after)
-    : backend_(backend),
-      endpoint_(std::move(endpoint)),
-      connect_(std::move(connect)),
-      wedge_at_(wedge_after == absl::InfiniteDuration() ? absl::InfiniteFuture()
-                                                        : absl::Now() + wedge_after),
-      pool_("health probes", backend.runtime().DeviceCount()) {
-  const int devices = backend_.runtime().DeviceCount();
-  for (int d = 0; d < devices; ++d) {
-    queues_.push_back(
-        std::make_unique<StreamQueue>(absl::StrCat("health probe flagos:", d), &pool_));
-    probes_.push_back(nullptr);
+std::vector<std::unique_ptr<DeviceProbe>> HealthCheck::MakeProbes(
+    DeviceRuntime* runtime, const std::vector<WorkerPool*>& pools) {
+  std::vector<std::unique_ptr<DeviceProbe>> probes;
+  for (int d = 0; d < static_cast<int>(pools.size()); ++d) {
+    probes.push_back(std::make_unique<DeviceProbe>(runtime, d, pools[d]));
   }
+  return probes;
 }
 
-HealthCheck::~HealthCheck() {
-  Release();
-  for (auto& queue : queues_) queue->Stop();
-}
+HealthCheck::HealthCheck(DeviceRuntime* runtime, const std::vector<WorkerPool*>& pools,
+                         std::string endpoint, Connect connect)
+    : endpoint_(std::move(endpoint)),
+      connect_(std::move(connect)),
+      probes_(MakeProbes(runtime, pools)) {}
 
 absl::Status HealthCheck::Check(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  DeviceRuntime& runtime = backend_.runtime();
-  for (size_t d = 0; d < queues_.size(); ++d) {
-    std::shared_ptr<Probe>& probe = probes_[d];
-    if (probe == nullptr || probe->done.HasBeenNotified()) {
-      probe = std::make_shared<Probe>();
-      probe->started = absl::Now();
-      queues_[d]->Push([this, probe, d, &runtime] {
-        if (absl::Now() >= wedge_at_) {
-          absl::MutexLock lock(&release_mu_);
-          release_mu_.Await(absl::Condition(&released_));
-        }
-        absl::StatusOr<MemoryInfo> info = runtime.GetMemoryInfo(static_cast<int>(d));
-        probe->status = info.status();
-        probe->done.Notify();
-      });
-    }
-    if (!probe->done.WaitForNotificationWithDeadline(deadline)) {
-      return absl::UnavailableError(absl::StrCat(
-          "the health probe of device flagos:", d, " has not run for ",
-          absl::FormatDuration(absl::Trunc(absl::Now() - probe->started, absl::Milliseconds(1))),
-          ": its queue or the ", backend_.name(), " runtime is not responding"));
-    }
-    if (!probe->status.ok()) {
-      return absl::UnavailableError(absl::StrCat("the ", backend_.name(),
-                                                 " runtime failed the health probe of device "
-                                                 "flagos:", d, ": ", probe->status.message()));
-    }
+  // Every device's attempt runs at once; one stuck device costs the check
+  // its timeout once, not once per device.
+  for (const auto& probe : probes_) probe->Start();
+  absl::Status first;
+  std::vector<std::string> failures;
+  for (const auto& probe : probes_) {
+    absl::Status status = probe->Await(deadline);
+    if (status.ok()) continue;
+    failures.emplace_back(status.message());
+    if (first.ok()) first = std::move(status);
   }
+  if (!first.ok()) return absl::Status(first.code(), absl::StrJoin(failures, "; "));
   return CheckListener(deadline - absl::Now());
+}
+
+std::vector<std::shared_ptr<const DeviceProbe::Attempt>> HealthCheck::StartDeviceProbes() {
+  std::vector<std::shared_ptr<const DeviceProbe::Attempt>> outstanding;
+  for (const auto& probe : probes_) {
+    std::shared_ptr<const DeviceProbe::Attempt> attempt = probe->Start();
+    if (!attempt->done()) outstanding.push_back(std::move(attempt));
+  }
+  return outstanding;
 }
 
 absl::Status HealthCheck::CheckListener(absl::Duration timeout) {

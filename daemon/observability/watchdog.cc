@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "logging.h"
+#include "observability/health_check.h"
 #include "observability/metrics.h"
 
 namespace flagos::daemon {
@@ -46,7 +47,7 @@ void Watchdog::Run() {
   absl::Status last_health = absl::OkStatus();
   while (true) {
     const absl::Time started = absl::Now();
-    const absl::Status health = server_->CheckHealth(timeout);
+    const absl::Status health = server_->health_check().Check(timeout);
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;  // the server may be shutting down: say nothing

@@ -1,8 +1,9 @@
 // flagosd's side of systemd supervision, from a thread of its own:
 //   - when the unit sets WatchdogSec (WATCHDOG_USEC in the environment),
 //     WATCHDOG=1 every half period, each sent only after a health check
-//     (Server::CheckHealth: device queues and the listener answer) passed,
-//     so systemd restarts a daemon that is alive but wedged;
+//     (HealthCheck: each device completes work issued from its sessions'
+//     worker pool, and the listener answers) passed, so systemd restarts a
+//     daemon that is alive but wedged;
 //   - STATUS= lines with devices and sessions, or what is unhealthy;
 //   - a failed check is logged (once per change) and counted in
 //     flagosd_health_check_failures_total.

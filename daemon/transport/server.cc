@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         std::make_unique<WorkerPool>(absl::StrCat("flagos:", d, " workers"), workers));
     pools.push_back(server->pools_.back().get());
   }
+  const std::vector<WorkerPool*> probed_pools = pools;
   if (!options.metrics_listen.empty()) server->metrics_ = std::make_unique<Metrics>(devices);
   if (options.max_sessions_per_uid < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -176,8 +177,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     };
     break;
   }
-  server->health_ = std::make_unique<HealthCheck>(*backend, probed, std::move(connect),
-                                                  options.test_wedge_health_probes_after);
+  // Each device's probe runs on the pool its sessions' queues run on.
+  server->health_ = std::make_unique<HealthCheck>(&backend->runtime(), probed_pools, probed,
+                                                  std::move(connect));
   return server;
 }
 
@@ -193,8 +195,6 @@ size_t Server::session_count() const { return registry_->Snapshot().size(); }
 
 size_t Server::pending_opens() const { return service_->pending_opens(); }
 
-absl::Status Server::CheckHealth(absl::Duration timeout) { return health_->Check(timeout); }
-
 std::string Server::staging_socket() const {
   return staging_ == nullptr ? std::string() : staging_->path();
 }
@@ -206,7 +206,6 @@ Server::~Server() {
 
 void Server::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
-  if (health_ != nullptr) health_->Release();
   for (const auto& socket : session_sockets_) socket->Stop();
   registry_->CancelAll();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

@@ -82,9 +82,6 @@ struct ServerOptions {
   // (DefaultOpLimits).
   uint64_t max_op_elements = 0;
   uint64_t max_op_host_memory_bytes = 0;
-  // Tests only: device health probes started this long after start block
-  // (HealthCheck's wedge_after).
-  absl::Duration test_wedge_health_probes_after = absl::InfiniteDuration();
   // Tests only (scripts/fuzz's seed corpus): a directory every session's
   // client messages are written into (MessageRecorder); empty: none.
   std::string record_client_messages_dir;
@@ -119,9 +116,10 @@ class Server {
   size_t session_count() const;
   // Streams waiting for their `open`.
   size_t pending_opens() const;
-  // HealthCheck::Check: every device queue and the listener answer within
-  // `timeout`.
-  absl::Status CheckHealth(absl::Duration timeout);
+  // The health check: a probe through each device's pool and the device,
+  // and the listener (the watchdog runs it; main starts its device probes
+  // at SIGTERM).
+  HealthCheck& health_check() const { return *health_; }
 
   // Stops accepting, cancels every session (each frees what it holds) and
   // gives in-flight unary calls `grace` to finish. Idempotent.

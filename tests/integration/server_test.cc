@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "execution/backend.h"
+#include "observability/device_probe.h"
 #include "cpu_kernel_facts.h"
 #include "ops/op_schema_match.h"
 #include "../unit/tensor_refs.h"
@@ -42,6 +43,9 @@ namespace {
 constexpr int kFloat = 6;
 constexpr int kLong = 4;
 constexpr uint64_t kDeviceMemory = 64ull << 20;
+// What sessions can have of each device: the health check's probe holds
+// the rest from the start (observability/device_probe.h).
+constexpr uint64_t kSessionMemory = kDeviceMemory - DeviceProbe::kProbeBytes;
 constexpr int kInvalidArgument = static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT);
 constexpr int kNotFound = static_cast<int>(grpc::StatusCode::NOT_FOUND);
 constexpr int kFailedPrecondition = static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION);
@@ -1504,7 +1508,7 @@ TEST_F(ServerTest, AllocationBeyondDeviceMemoryIsResourceExhausted) {
 TEST_F(ServerTest, FreedSegmentIsOutOfReachAndItsMemoryReturns) {
   RawSession session(stub_.get());
   session.Open();
-  const uint64_t addr = session.AllocateOk(kDeviceMemory);
+  const uint64_t addr = session.AllocateOk(kSessionMemory);
   std::vector<v1::Completion> errors = session.RunAndSync({Free(addr), CopyTo(addr, "x")});
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].code(), kInvalidArgument);
@@ -1512,7 +1516,7 @@ TEST_F(ServerTest, FreedSegmentIsOutOfReachAndItsMemoryReturns) {
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].code(), kNotFound);
   // The whole device is free again.
-  session.AllocateOk(kDeviceMemory);
+  session.AllocateOk(kSessionMemory);
 }
 
 TEST_F(ServerTest, FreeWaitsForEarlierCommandsOnEveryStream) {
@@ -1586,8 +1590,8 @@ TEST_F(ServerTest, EndOfStreamFreesEverySegment) {
   EXPECT_EQ(stats.sessions_size(), 0);
   EXPECT_EQ(stats.devices(0).used_memory(), 0u);
   EXPECT_EQ(stats.devices(1).used_memory(), 0u);
-  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
-  EXPECT_EQ(backend_->runtime().GetMemoryInfo(1)->free_bytes, kDeviceMemory);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kSessionMemory);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(1)->free_bytes, kSessionMemory);
 }
 
 TEST_F(ServerTest, ClientThatDiesLeaksNothing) {
@@ -1601,7 +1605,7 @@ TEST_F(ServerTest, ClientThatDiesLeaksNothing) {
   v1::GetStatsResponse stats = StatsAfterSessionsEnd();
   EXPECT_EQ(stats.sessions_size(), 0);
   EXPECT_EQ(stats.devices(0).used_memory(), 0u);
-  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kSessionMemory);
 }
 
 TEST_F(ServerTest, SessionsBeyondTheLimitAreRefused) {
@@ -1624,7 +1628,7 @@ TEST_F(ServerTest, ShutdownCancelsLiveSessionsAndFreesTheirMemory) {
   server_->Shutdown(absl::Seconds(1));
   server_->Wait();
   EXPECT_FALSE(session.End().ok());
-  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kSessionMemory);
 }
 
 // ------------------------------------------------------- shared segments
@@ -1720,7 +1724,7 @@ TEST_F(ServerTest, ASharedSegmentLivesUntilEveryHolderReleasedIt) {
   EXPECT_TRUE(receiver.RunAndSync({ReleaseImport(seg)}).empty());
   EXPECT_EQ(receiver.Call(CopyFrom(seg, 8)).code(), kInvalidArgument);
   EXPECT_EQ(Stats().devices(0).used_memory(), 0u);
-  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kSessionMemory);
   v1::Completion late = receiver.Call(ImportMemory(exported.grant()));
   EXPECT_EQ(late.code(), kNotFound);
   EXPECT_TRUE(absl::StrContains(late.message(), "freed it or ended before this one received it"))
@@ -1754,7 +1758,7 @@ TEST_F(ServerTest, AnImporterThatDiesReleasesTheMemoryItHeldLast) {
   EXPECT_TRUE(owner.End().ok());
   v1::GetStatsResponse stats = StatsAfterSessionsEnd();
   EXPECT_EQ(stats.devices(1).used_memory(), 0u);
-  EXPECT_EQ(backend_->runtime().GetMemoryInfo(1)->free_bytes, kDeviceMemory);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(1)->free_bytes, kSessionMemory);
 }
 
 TEST_F(ServerTest, SharingCommandsCheckWhatTheyName) {
@@ -2567,7 +2571,7 @@ TEST_F(ClosingSessionTest, AClientLeavingMidKernelFreesItsSlotAtOnceAndItsMemory
   EXPECT_EQ(stats.sessions_size(), 0);
   EXPECT_EQ(stats.closing_sessions_size(), 0);
   EXPECT_EQ(stats.devices(0).used_memory(), 0u);
-  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kDeviceMemory);
+  EXPECT_EQ(backend_->runtime().GetMemoryInfo(0)->free_bytes, kSessionMemory);
   // And a session opens again.
   RawSession after(stub_.get());
   after.Open("after");

@@ -68,10 +68,11 @@ print("after:", (x * 2).cpu().tolist())
 def test_injected_out_of_memory_raises_torch_out_of_memory_error(
     start_daemon, spawn_python
 ) -> None:
-    # The first two device allocations fail as the driver reports it
-    # (negated 705): the client's allocation and its one retry.
+    # The client's allocation and its one retry fail as the driver reports
+    # it (negated 705). The first two allocations of the process are the
+    # health probes' buffers, one per device, made at start.
     daemon = start_daemon(backend="kunlunxin",
-                          env=fake_xpu_env(fail="xpu_malloc:1:-705,xpu_malloc:2:-705"))
+                          env=fake_xpu_env(fail="xpu_malloc:3:-705,xpu_malloc:4:-705"))
     client = spawn_python(OOM, env={"FLAGOS_ENDPOINT": daemon.endpoint})
     out, err = client.communicate(timeout=120)
     assert client.returncode == 0, err
