@@ -1,7 +1,8 @@
 """flagosd under systemd: what a Type=notify unit with WatchdogSec sees on its
 notify socket (READY=1, STATUS=, WATCHDOG=1 after passing health checks,
-STOPPING=1), a wedged device queue withholding WATCHDOG=1, and the shipped
-unit files accepted by `systemd-analyze verify`."""
+STOPPING=1), a device that stops completing work (the fake libxpurt's
+FAKE_XPU_STALL_AFTER) withholding WATCHDOG=1 and still letting SIGTERM end
+the daemon, and the shipped unit files accepted by `systemd-analyze verify`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flagos_test_env import REPO
+from flagos_test_env import FAKE_XPU_ROOT, REPO, fake_xpu_env, run_backend
 
 
 class Notifications:
@@ -56,15 +57,17 @@ class Notifications:
 
 
 def start(flagosd_binary: Path, tmp_path: Path, notify: Notifications, watchdog_usec: int | None,
-          *extra: str) -> subprocess.Popen[bytes]:
+          *extra: str, backend: str, fake_xpu: dict[str, str]) -> subprocess.Popen[bytes]:
     env = dict(os.environ, NOTIFY_SOCKET=str(notify.path))
     env.pop("WATCHDOG_PID", None)
     if watchdog_usec is None:
         env.pop("WATCHDOG_USEC", None)
     else:
         env["WATCHDOG_USEC"] = str(watchdog_usec)
+    if backend == "kunlunxin":  # two devices of the fake libxpurt
+        env.update(fake_xpu_env(devices="2", **fake_xpu))
     return subprocess.Popen(
-        [str(flagosd_binary), f"--listen=unix://{tmp_path}/d.sock", "--backend=cpu",
+        [str(flagosd_binary), f"--listen=unix://{tmp_path}/d.sock", f"--backend={backend}",
          "--cpu-devices=2", "--metrics-listen=127.0.0.1:0", *extra],
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "wb"))
 
@@ -78,11 +81,15 @@ def notify(tmp_path: Path):
 
 @pytest.fixture
 def launch(flagosd_binary: Path, tmp_path: Path, notify: Notifications):
-    """launch(watchdog_usec, *extra_args) -> a flagosd reporting to `notify`; killed after."""
+    """launch(watchdog_usec, *extra_args, backend=this run's, fake_xpu={}) -> a flagosd
+    reporting to `notify`, on the kunlunxin backend over the fake libxpurt with FAKE_XPU_<KEY>
+    settings from `fake_xpu`; killed after."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def go(watchdog_usec: int | None, *extra: str) -> subprocess.Popen[bytes]:
-        proc = start(flagosd_binary, tmp_path, notify, watchdog_usec, *extra)
+    def go(watchdog_usec: int | None, *extra: str, backend: str = run_backend(),
+           fake_xpu: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        proc = start(flagosd_binary, tmp_path, notify, watchdog_usec, *extra, backend=backend,
+                     fake_xpu=fake_xpu or {})
         procs.append(proc)
         return proc
 
@@ -93,10 +100,15 @@ def launch(flagosd_binary: Path, tmp_path: Path, notify: Notifications):
             proc.wait()
 
 
-def stop(proc: subprocess.Popen[bytes], notify: Notifications) -> None:
+def stop(proc: subprocess.Popen[bytes], notify: Notifications, status: int = 0) -> None:
     proc.send_signal(signal.SIGTERM)
     notify.wait_for("STOPPING=1", 20)
-    assert proc.wait(timeout=20) == 0
+    assert proc.wait(timeout=30) == status
+
+
+def metrics_url(tmp_path: Path) -> str:
+    log = (tmp_path / "log").read_text()
+    return log.split("metrics on ")[1].split()[0].rstrip(";")
 
 
 def test_ready_status_watchdog_and_stopping(launch, notify: Notifications, tmp_path: Path) -> None:
@@ -111,7 +123,8 @@ def test_ready_status_watchdog_and_stopping(launch, notify: Notifications, tmp_p
     assert len(beats) >= 4, notify.messages
     assert max(b - a for a, b in zip(beats, beats[1:])) < 1.0, beats
     status = [m for _, m in notify.messages if m.startswith("STATUS=serving")]
-    assert status and status[-1] == "STATUS=serving 2 devices (cpu), 0 sessions", status
+    assert status, notify.messages
+    assert status[-1] == f"STATUS=serving 2 devices ({run_backend()}), 0 sessions", status
     stop(proc, notify)
     stopping = next(m for _, m in notify.messages if "STOPPING=1" in m)
     assert "STATUS=stopping" in stopping
@@ -128,35 +141,54 @@ def test_status_follows_sessions(launch, notify: Notifications, tmp_path: Path, 
         "sys.stdin.readline()\n",
         env={"FLAGOS_ENDPOINT": f"unix://{tmp_path}/d.sock"})
     assert read_line(client) == "open\n"
-    notify.wait_for("STATUS=serving 2 devices (cpu), 1 session", 10)
+    notify.wait_for(f"STATUS=serving 2 devices ({run_backend()}), 1 session", 10)
     client.stdin.close()
     client.wait(timeout=30)
-    notify.wait_for("STATUS=serving 2 devices (cpu), 0 sessions", 10)
+    notify.wait_for(f"STATUS=serving 2 devices ({run_backend()}), 0 sessions", 10)
     stop(proc, notify)
 
 
-def test_wedged_device_queue_stops_the_watchdog(launch, notify: Notifications, tmp_path: Path) -> None:
+def test_a_device_that_stops_completing_work_stops_the_watchdog(
+        launch, notify: Notifications, tmp_path: Path) -> None:
     from test_metrics import scrape, value
 
-    proc = launch(600_000,
-                 "--test-wedge-health-probes-after=2s")
+    assert (FAKE_XPU_ROOT / "so" / "libxpurt.so.2").is_file(), \
+        "the fake libxpurt is missing: build it with scripts/build fake_xpurt"
+    # The fake's device 1 runs the first 9 operations queued on it and none
+    # from the 10th on. Each health probe queues 3 there (a copy to the
+    # device, one back, the event its host function waits for), so the
+    # first three checks pass and the fourth probe never completes; device
+    # 0 keeps working.
+    proc = launch(600_000, backend="kunlunxin",
+                  fake_xpu={"stall_after": "10@1", "delay_us": "50"})
     notify.wait_for("READY=1", 20)
-    wedged_at = notify.wait_for("STATUS=unhealthy", 15)
+    stalled_at = notify.wait_for("STATUS=unhealthy", 20)
     unhealthy = next(m for _, m in notify.messages if m.startswith("STATUS=unhealthy"))
-    assert "health probe of device flagos:0 has not run for" in unhealthy, unhealthy
-    beats_before = notify.times("WATCHDOG=1")
-    assert beats_before, "the watchdog was fed before the wedge"
+    assert unhealthy.startswith(
+        "STATUS=unhealthy: device flagos:1 has not completed the health probe's work"), unhealthy
+    assert "the device or its kunlunxin runtime has stopped completing work" in unhealthy
+    assert "flagos:0" not in unhealthy, unhealthy
+    assert [b for b in notify.times("WATCHDOG=1") if b < stalled_at], \
+        f"the watchdog was not fed before the stall: {notify.messages}"
+    url = metrics_url(tmp_path)
+    failures = value(scrape(url), "flagosd_health_check_failures_total")
+    assert failures >= 1
     notify.collect(2.5)
-    # Not one more WATCHDOG=1 after the checks started failing: systemd
-    # would kill and restart this daemon after WatchdogSec.
-    assert [b for b in notify.times("WATCHDOG=1") if b > wedged_at] == [], notify.messages
+    # Not one more WATCHDOG=1 once the checks fail: systemd would kill and
+    # restart this daemon after WatchdogSec.
+    assert [b for b in notify.times("WATCHDOG=1") if b > stalled_at] == [], notify.messages
+    # Every later check fails too, and counts (one every 0.3 s).
+    assert value(scrape(url), "flagosd_health_check_failures_total") > failures
     log = (tmp_path / "log").read_text()
-    assert "health check failed: the health probe of device flagos:0" in log, log
+    assert "health check failed: device flagos:1 has not completed" in log, log
     assert "withholding WATCHDOG=1" in log
-    url = log.split("metrics on ")[1].split()[0].rstrip(";")
-    assert value(scrape(url), "flagosd_health_check_failures_total") >= 1
-    # Still stops cleanly: shutdown releases the wedged probe.
-    stop(proc, notify)
+    # SIGTERM still ends it: the device never completes the work the
+    # shutdown waits for, so flagosd gives up after 5 s, says why, and
+    # exits with status 1.
+    stop(proc, notify, status=1)
+    log = (tmp_path / "log").read_text()
+    assert "shutdown cannot finish: device flagos:1 has not completed" in log, log
+    notify.wait_for("STATUS=stopping: shutdown cannot finish: device flagos:1 has not completed", 5)
 
 
 def test_no_watchdog_without_watchdog_usec(launch, notify: Notifications, tmp_path: Path) -> None:
