@@ -69,8 +69,9 @@ def _parse_device_indices(devices: Any) -> list[int]:
     count = _device_count()
     bad = [i for i in indices if not 0 <= i < count]
     if bad or not indices:
-        raise ValueError(f"flagos: Trainer(devices={devices!r}) names no device the daemon serves "
-                         f"(it serves {count}: indices 0..{count - 1}; torch.flagos.device_count())")
+        raise ValueError(f"flagos: Trainer(devices={devices!r}) names no device the daemon "
+                         f"serves (it serves {count}: indices 0..{count - 1}; "
+                         "torch.flagos.device_count())")
     return indices
 
 

@@ -157,7 +157,8 @@ def test_a_device_the_daemon_does_not_serve_is_refused(tmp_path: Path) -> None:
 def test_device_stats_monitor_logs_the_flagos_allocator(tmp_path: Path) -> None:
     module, _ = fit(tmp_path, accelerator="flagos", logger=CSVLogger(tmp_path, name="stats"),
                     callbacks=[DeviceStatsMonitor()], log_every_n_steps=1)
-    rows = list(csv.DictReader(next(tmp_path.glob("stats/*/metrics.csv")).open()))
+    with next(tmp_path.glob("stats/*/metrics.csv")).open() as f:
+        rows = list(csv.DictReader(f))
     column = "DeviceStatsMonitor.on_train_batch_start/allocated_bytes.all.current"
     logged = [float(r[column]) for r in rows if r.get(column)]
     assert len(logged) == STEPS
