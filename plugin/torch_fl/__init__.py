@@ -34,6 +34,22 @@ from . import _sharing  # noqa: E402  (needs the device registered)
 
 _sharing.install()
 
+from . import _import_hooks  # noqa: E402
+
+
+def _register_with_lightning(namespace: str) -> None:
+    from . import lightning
+
+    lightning.register(namespace)
+
+
+# Trainer(accelerator="flagos") in each Lightning namespace, once its Trainer
+# is imported (torch_fl/lightning.py; nothing is imported here).
+for _namespace in ("lightning.pytorch", "pytorch_lightning"):
+    _import_hooks.when_imported(
+        f"{_namespace}.trainer.connectors.accelerator_connector",
+        lambda _module, _ns=_namespace: _register_with_lightning(_ns))
+
 
 def _autoload() -> None:
     """The ``torch.backends`` entry point, which ``import torch`` calls once

@@ -1,0 +1,186 @@
+"""Lightning on flagos: ``Trainer(accelerator="flagos", devices=1)``.
+
+:func:`accelerator_class` is the flagos ``Accelerator`` of a Lightning
+namespace (``lightning.pytorch``, or ``pytorch_lightning`` of the
+standalone package); ``torch_fl.lightning.FlagosAccelerator`` is
+``lightning.pytorch``'s. :func:`register` puts it in the namespace's
+``AcceleratorRegistry`` under ``"flagos"``. ``import torch_fl`` calls it for
+each namespace, at once if its Trainer is already imported, otherwise when
+it gets imported (torch_fl/_import_hooks.py): Lightning (2.6) reads no entry
+points for accelerators, only for callbacks, and those too late.
+
+What Lightning leaves to the accelerator's name, :func:`register` fills in
+for flagos, in the Trainer's ``_AcceleratorConnector``:
+
+- the single-device strategy: for an accelerator it does not know, Lightning
+  picks ``SingleDeviceStrategy(device="cpu")``, which would train on the
+  CPU; flagos gets ``SingleDeviceStrategy`` on its chosen device;
+- ``precision="bf16-mixed"`` / ``"16-mixed"``: Lightning autocasts on
+  ``"cuda"`` for such an accelerator; flagos gets ``torch.autocast("flagos")``.
+
+One process drives one flagos device: flagos has no ``torch.distributed``
+backend yet (no c10d process group over flagos tensors), so there is no DDP
+strategy; ``devices`` of more than one device and ``num_nodes > 1`` are
+refused when the Trainer is built, saying so. Several single-device
+processes (torchrun without a process group) do work: docs/usage.md,
+"Frameworks".
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import torch
+
+NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
+# The module whose import means a Trainer can be built: it holds the
+# registry lookups and the strategy choice that register() completes.
+CONNECTOR_MODULE = "trainer.connectors.accelerator_connector"
+
+_ONE_DEVICE_ONLY = (
+    "flagos: {what} needs a distributed strategy (DDP), and flagos has no torch.distributed "
+    "backend yet (no c10d process group over flagos devices). Train on one device "
+    "(Trainer(accelerator=\"flagos\", devices=1), or devices=[i] for device i), or start one "
+    "single-device process per device without a process group (docs/usage.md, \"Frameworks\")."
+)
+
+
+def _device_count() -> int:
+    return torch.flagos.device_count()
+
+
+def _parse_device_indices(devices: Any) -> list[int]:
+    """``devices`` as Lightning accepts it (n, "n", -1, "-1", "i,j", [i, j])
+    -> device indices, each checked against the daemon's devices."""
+    if isinstance(devices, str):
+        text = devices.strip()
+        if "," in text:
+            devices = [int(part) for part in text.split(",") if part.strip()]
+        else:
+            devices = int(text)
+    if isinstance(devices, int):
+        indices = list(range(_device_count())) if devices == -1 else list(range(devices))
+    elif isinstance(devices, (list, tuple)):
+        indices = [int(i) for i in devices]
+    else:
+        raise TypeError(f"flagos: Trainer(devices={devices!r}) is not a device count or a list "
+                        "of device indices")
+    count = _device_count()
+    bad = [i for i in indices if not 0 <= i < count]
+    if bad or not indices:
+        raise ValueError(f"flagos: Trainer(devices={devices!r}) names no device the daemon "
+                         f"serves (it serves {count}: indices 0..{count - 1}; "
+                         "torch.flagos.device_count())")
+    return indices
+
+
+@functools.cache
+def accelerator_class(namespace: str = "lightning.pytorch") -> type:
+    """The flagos ``Accelerator`` subclass of ``namespace``'s Lightning."""
+    accelerators = importlib.import_module(f"{namespace}.accelerators")
+    exceptions = importlib.import_module(f"{namespace}.utilities.exceptions")
+    misconfiguration = exceptions.MisconfigurationException
+
+    class FlagosAccelerator(accelerators.Accelerator):
+        """Lightning's accelerator for flagos devices (one per process)."""
+
+        def setup_device(self, device: torch.device) -> None:
+            if device.type != "flagos":
+                raise misconfiguration(f"flagos: the accelerator was given device {device}, not a "
+                                       "flagos device")
+            torch.flagos.set_device(0 if device.index is None else device.index)
+
+        def get_device_stats(self, device: Any) -> dict[str, Any]:
+            """The caching allocator's statistics (``torch.flagos.memory_stats``)."""
+            return dict(torch.flagos.memory_stats(device))
+
+        def teardown(self) -> None:
+            torch.flagos.empty_cache()
+
+        @staticmethod
+        def parse_devices(devices: Any) -> list[int]:
+            try:
+                indices = _parse_device_indices(devices)
+            except (TypeError, ValueError) as e:
+                raise misconfiguration(str(e)) from None
+            if len(indices) > 1:
+                raise misconfiguration(_ONE_DEVICE_ONLY.format(
+                    what=f"Trainer(devices={devices!r}) ({len(indices)} devices)"))
+            return indices
+
+        @staticmethod
+        def get_parallel_devices(devices: list[int]) -> list[torch.device]:
+            return [torch.device("flagos", i) for i in devices]
+
+        @staticmethod
+        def auto_device_count() -> int:
+            # devices="auto": one device, since a process drives one.
+            return 1
+
+        @staticmethod
+        def is_available() -> bool:
+            return torch.flagos.is_available()
+
+        @staticmethod
+        def name() -> str:
+            return "flagos"
+
+        @classmethod
+        def register_accelerators(cls, accelerator_registry: Any) -> None:
+            accelerator_registry.register(cls.name(), cls, description=cls.__doc__)
+
+    FlagosAccelerator.__module__ = __name__
+    FlagosAccelerator.__qualname__ = "FlagosAccelerator"
+    return FlagosAccelerator
+
+
+def register(namespace: str = "lightning.pytorch") -> None:
+    """Registers ``"flagos"`` in ``namespace``'s AcceleratorRegistry and
+    completes its Trainer's choices for flagos (module docstring). Idempotent."""
+    accelerator = accelerator_class(namespace)
+    registry = importlib.import_module(f"{namespace}.accelerators").AcceleratorRegistry
+    if "flagos" not in registry:
+        accelerator.register_accelerators(registry)
+    connector = importlib.import_module(f"{namespace}.{CONNECTOR_MODULE}")._AcceleratorConnector
+    if getattr(connector, "_flagos_completed", False):
+        return
+    strategies = importlib.import_module(f"{namespace}.strategies")
+    precision = importlib.import_module(f"{namespace}.plugins.precision")
+    misconfiguration = importlib.import_module(
+        f"{namespace}.utilities.exceptions").MisconfigurationException
+
+    def on_flagos(connector_self: Any) -> bool:
+        flag = connector_self._accelerator_flag
+        return flag == "flagos" or isinstance(flag, accelerator)
+
+    choose_strategy = connector._choose_strategy
+    check_and_init_precision = connector._check_and_init_precision
+
+    @functools.wraps(choose_strategy)
+    def _choose_strategy(self: Any) -> Any:
+        if not on_flagos(self):
+            return choose_strategy(self)
+        if self._num_nodes_flag > 1:
+            raise misconfiguration(_ONE_DEVICE_ONLY.format(
+                what=f"Trainer(num_nodes={self._num_nodes_flag})"))
+        return strategies.SingleDeviceStrategy(device=self._parallel_devices[0])
+
+    @functools.wraps(check_and_init_precision)
+    def _check_and_init_precision(self: Any) -> Any:
+        if (on_flagos(self) and self._precision_plugin_flag is None
+                and self._precision_flag in ("16-mixed", "bf16-mixed")
+                and type(self.strategy) is strategies.SingleDeviceStrategy):
+            self._validate_precision_choice()
+            return precision.MixedPrecision(self._precision_flag, "flagos")
+        return check_and_init_precision(self)
+
+    connector._choose_strategy = _choose_strategy
+    connector._check_and_init_precision = _check_and_init_precision
+    connector._flagos_completed = True
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FlagosAccelerator":
+        return accelerator_class("lightning.pytorch")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,107 @@
+"""torchrun on flagos (docs/usage.md, "Frameworks", "torchrun"): N
+single-device processes without a process group work; a process group's
+collectives on flagos tensors do not exist yet (no c10d backend for flagos),
+and the table of that section says what each call does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flagos_test_env import REPO
+
+USAGE = REPO / "docs" / "usage.md"
+
+
+def torchrun_example() -> str:
+    match = re.search(r"<!-- torchrun-example -->\n```python\n(.*?)```", USAGE.read_text(), re.S)
+    assert match, "docs/usage.md lost its torchrun-example block"
+    return match.group(1)
+
+
+def torchrun(script: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+         "--standalone", str(script), *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=script.parent,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+
+
+def test_the_example_runs_one_process_per_flagos_device(tmp_path: Path) -> None:
+    script = tmp_path / "per_rank.py"
+    script.write_text(torchrun_example())
+    result = torchrun(script)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    lines = sorted(re.findall(r"^rank \d .*$", result.stdout, re.M))
+    # Each rank on its own device; (rank + 1) * 2 * 4 elements.
+    assert lines == ["rank 0 of 2 on flagos:0: sum 8.0", "rank 1 of 2 on flagos:1: sum 16.0"]
+
+
+PROCESS_GROUP = r"""
+import os, sys
+import torch
+import torch.distributed as dist
+import torch_fl  # noqa: F401
+
+rank = int(os.environ["LOCAL_RANK"])
+torch.flagos.set_device(rank)
+what = sys.argv[1]
+if what == "default_backend":
+    try:
+        dist.init_process_group()
+    except ValueError as e:
+        print(f"rank {rank} init: {e}", flush=True)
+    sys.exit(0)
+dist.init_process_group("gloo")
+x = torch.full((4,), float(rank + 1), device="flagos")
+if what == "flagos_tensor":
+    try:
+        dist.all_reduce(x)
+        print(f"rank {rank} all_reduce: {x.cpu().tolist()}", flush=True)
+    except RuntimeError as e:
+        print(f"rank {rank} all_reduce: {e}", flush=True)
+else:
+    y = x.cpu()
+    dist.all_reduce(y)
+    x.copy_(y)
+    print(f"rank {rank} all_reduce: {x.cpu().tolist()} on {x.device}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def process_group_script(tmp_path: Path) -> Path:
+    script = tmp_path / "process_group.py"
+    script.write_text(PROCESS_GROUP)
+    return script
+
+
+def rank_lines(result: subprocess.CompletedProcess[str], what: str) -> list[str]:
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return sorted(re.findall(rf"^rank \d {what}: .*$", result.stdout, re.M))
+
+
+def test_init_process_group_without_a_backend_says_it_knows_none_for_flagos(
+        process_group_script: Path) -> None:
+    lines = rank_lines(torchrun(process_group_script, "default_backend"), "init")
+    assert len(lines) == 2
+    for line in lines:
+        assert "We detected accelerator flagos" in line and "specify the `backend`" in line, line
+
+
+def test_a_gloo_collective_on_a_flagos_tensor_is_refused(process_group_script: Path) -> None:
+    lines = rank_lines(torchrun(process_group_script, "flagos_tensor"), "all_reduce")
+    assert lines == [f"rank {r} all_reduce: No backend type associated with device type flagos"
+                     for r in (0, 1)]
+
+
+def test_a_gloo_collective_through_the_host_works(process_group_script: Path) -> None:
+    lines = rank_lines(torchrun(process_group_script, "through_host"), "all_reduce")
+    # 1 + 2 on each rank, back on its flagos device.
+    assert lines == [f"rank {r} all_reduce: [3.0, 3.0, 3.0, 3.0] on flagos:{r}" for r in (0, 1)]
