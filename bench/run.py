@@ -42,6 +42,9 @@ BUSY_WARNING = 0.15
 # The whole run takes 1-3 minutes; past this, something hangs.
 WATCHDOG_S = 480
 DEFAULT_OUTPUT = common.REPO / "docs" / "performance.md"
+# The file's last section is written by hand from scripts/instructions-per-op
+# (callgrind counts, not times): a run keeps it as it finds it.
+KEPT_SECTION = "## Instructions per op (callgrind)"
 
 # The goals of the performance work (the figures come from the modules, so
 # that the text and the verdicts cannot drift apart).
@@ -121,6 +124,9 @@ def write_markdown(path: Path, rows: list[Row], info: list[tuple[str, str]], com
     met = sum(1 for r in rows if r.met)
     total = sum(1 for r in rows if r.goal is not None)
     lines += ["", f"{met} of {total} goals met.", "", "## Method", "", _method(), ""]
+    old = path.read_text() if path.exists() else ""
+    if KEPT_SECTION in old:
+        lines.append(old[old.index(KEPT_SECTION):].rstrip("\n") + "\n")
     path.write_text("\n".join(lines))
 
 
