@@ -227,6 +227,15 @@ class Run:
     daemon_window_s: float
 
 
+@dataclass
+class Tree:
+    """What one column of figures measures: a flagosd binary and a torch_fl."""
+    label: str
+    daemon: str
+    plugin_dir: str
+    runs: list[Run] = field(default_factory=list)
+
+
 def with_malloc_tunable(env: dict) -> dict:
     tunables = env.get("GLIBC_TUNABLES", "")
     env["GLIBC_TUNABLES"] = f"{tunables}:{MALLOC_TUNABLE}" if tunables else MALLOC_TUNABLE
@@ -247,17 +256,18 @@ class Driver:
     def log(self, text: str) -> None:
         print(f"instructions-per-op: {text}", file=sys.stderr, flush=True)
 
-    def env(self, endpoint: str) -> dict:
-        plugin = str(Path(self.args.plugin_dir).resolve())
+    def env(self, tree: Tree, endpoint: str) -> dict:
+        plugin = str(Path(tree.plugin_dir).resolve())
         env = dict(os.environ, FLAGOS_ENDPOINT=endpoint)
         env["PYTHONPATH"] = plugin + (os.pathsep + env["PYTHONPATH"]
                                       if env.get("PYTHONPATH") else "")
         return with_malloc_tunable(env)
 
-    def start_daemon(self, name: str, under_callgrind: bool) -> tuple[subprocess.Popen, str]:
+    def start_daemon(self, tree: Tree, name: str,
+                     under_callgrind: bool) -> tuple[subprocess.Popen, str]:
         socket = self.workdir / f"{name}.sock"
         log = self.workdir / f"{name}.log"
-        command = [self.args.daemon, f"--listen=unix://{socket}", "--backend=cpu",
+        command = [tree.daemon, f"--listen=unix://{socket}", "--backend=cpu",
                    "--cpu-devices=2", "--device-memory=4GiB", "--metrics-listen=127.0.0.1:0"]
         if under_callgrind:
             command = CALLGRIND + [f"--callgrind-out-file={self.workdir / name}.%p"] + command
@@ -313,13 +323,13 @@ class Driver:
         return [self.python, str(Path(__file__).resolve()), f"--worker={kind}",
                 f"--shim={a.shim}", f"--ops={a.ops}", f"--warmup={a.warmup}"]
 
-    def measure_client(self, run: int) -> tuple[float, float, int]:
-        daemon, endpoint = self.start_daemon(f"run{run}-native-daemon", under_callgrind=False)
-        prefix = self.workdir / f"run{run}-client"
+    def measure_client(self, tree: Tree, name: str) -> tuple[float, float, int]:
+        daemon, endpoint = self.start_daemon(tree, f"{name}-native-daemon", under_callgrind=False)
+        prefix = self.workdir / f"{name}-client"
         command = CALLGRIND + [f"--callgrind-out-file={prefix}.%p"] + self.worker_command("client")
         try:
-            out = subprocess.run(command, env=self.env(endpoint), capture_output=True, text=True,
-                                 timeout=PROCESS_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            out = subprocess.run(command, env=self.env(tree, endpoint), capture_output=True,
+                                 text=True, timeout=PROCESS_TIMEOUT_S, stdin=subprocess.DEVNULL,
                                  preexec_fn=_die_with_driver)
         finally:
             self.stop(daemon)
@@ -339,10 +349,10 @@ class Driver:
         ops = self.args.ops
         return dumps["native"].instructions / ops, dumps["client"].instructions / ops, batches
 
-    def measure_daemon(self, run: int) -> tuple[float, float, float]:
-        name = f"run{run}-daemon"
-        daemon, endpoint = self.start_daemon(name, under_callgrind=True)
-        client = subprocess.Popen(self.worker_command("daemon"), env=self.env(endpoint),
+    def measure_daemon(self, tree: Tree, name: str) -> tuple[float, float, float]:
+        name = f"{name}-daemon"
+        daemon, endpoint = self.start_daemon(tree, name, under_callgrind=True)
+        client = subprocess.Popen(self.worker_command("daemon"), env=self.env(tree, endpoint),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   preexec_fn=_die_with_driver)
         self.children.append(client)
@@ -386,21 +396,27 @@ class Driver:
         ops = self.args.ops
         return dumps["loop"].instructions / ops, dumps["idle"].instructions / ops, window
 
-    def run(self) -> list[Run]:
-        runs = []
-        for run in range(1, self.args.runs + 1):
-            native = client = daemon = idle = window = float("nan")
-            batches = 0
-            if "client" in self.phases:
-                self.log(f"run {run} of {self.args.runs}: client under callgrind")
-                native, client, batches = self.measure_client(run)
-            if "daemon" in self.phases:
-                self.log(f"run {run} of {self.args.runs}: flagosd under callgrind")
-                daemon, idle, window = self.measure_daemon(run)
-            runs.append(Run(native, client, daemon, idle, batches, window))
-            self.log(f"run {run}: native {native:,.0f}, client {client:,.0f}, "
-                     f"daemon {daemon:,.0f} (idle {idle:,.0f}) instructions per op")
-        return runs
+    def run(self, trees: list[Tree]) -> None:
+        """Measures every tree `--runs` times, interleaved (A B, B A, A B ...),
+        so that drift in the machine's state touches each alike."""
+        total = self.args.runs
+        for run in range(1, total + 1):
+            order = list(enumerate(trees))
+            if run % 2 == 0:
+                order.reverse()
+            for index, tree in order:
+                name = f"tree{index + 1}-run{run}"
+                native = client = daemon = idle = window = float("nan")
+                batches = 0
+                if "client" in self.phases:
+                    self.log(f"run {run} of {total}, {tree.label}: client under callgrind")
+                    native, client, batches = self.measure_client(tree, name)
+                if "daemon" in self.phases:
+                    self.log(f"run {run} of {total}, {tree.label}: flagosd under callgrind")
+                    daemon, idle, window = self.measure_daemon(tree, name)
+                tree.runs.append(Run(native, client, daemon, idle, batches, window))
+                self.log(f"run {run}, {tree.label}: native {native:,.0f}, client {client:,.0f}, "
+                         f"daemon {daemon:,.0f} (idle {idle:,.0f}) instructions per op")
 
 
 def spread(values: list[float]) -> float:
@@ -408,7 +424,8 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / statistics.median(values)
 
 
-def table(runs: list[Run], args: argparse.Namespace) -> str:
+def table(tree: Tree, args: argparse.Namespace) -> str:
+    runs = tree.runs
     measured = {p for p in args.phases.split(",") if p}
     rows = []
     if "client" in measured:
@@ -421,9 +438,10 @@ def table(runs: list[Run], args: argparse.Namespace) -> str:
                                                      for i in range(len(runs)))
     head += f"{'median':>10}{'spread':>8}"
     lines = [
-        f"a.add_(b), 16 float32, {args.ops} calls after {args.warmup} (callgrind Ir)",
-        f"flagosd {args.daemon}",
-        f"torch_fl {Path(args.plugin_dir).resolve()}",
+        f"{tree.label}: a.add_(b), 16 float32, {args.ops} calls after {args.warmup} "
+        "(callgrind Ir)",
+        f"flagosd {tree.daemon}",
+        f"torch_fl {Path(tree.plugin_dir).resolve()}",
         "",
         head,
     ]
@@ -446,11 +464,34 @@ def table(runs: list[Run], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def comparison(base: Tree, other: Tree, args: argparse.Namespace) -> str:
+    """Each figure of `other` over the same of `base`: medians, and the range
+    of the run-by-run ratios (run i of one beside run i of the other)."""
+    measured = {p for p in args.phases.split(",") if p}
+    keys = (["native", "client"] if "client" in measured else []) + (
+        ["daemon"] if "daemon" in measured else [])
+    lines = [f"{other.label} / {base.label}:"]
+    for key in keys:
+        mine = [getattr(r, key) for r in other.runs]
+        theirs = [getattr(r, key) for r in base.runs]
+        pairs = [m / t for m, t in zip(mine, theirs)]
+        lines.append(f"  {key:<8} {statistics.median(mine) / statistics.median(theirs) - 1:+.2%}"
+                     f" (medians {statistics.median(theirs):,.0f} -> "
+                     f"{statistics.median(mine):,.0f}; run by run "
+                     f"{min(pairs) - 1:+.2%} .. {max(pairs) - 1:+.2%})")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=("client", "daemon"), help=argparse.SUPPRESS)
-    parser.add_argument("--daemon", help="the flagosd binary to measure")
-    parser.add_argument("--plugin-dir", help="the directory holding torch_fl (PYTHONPATH)")
+    parser.add_argument("--daemon", action="append", default=[],
+                        help="the flagosd binary to measure (once per tree; the first is "
+                             "the baseline of the comparison)")
+    parser.add_argument("--plugin-dir", action="append", default=[],
+                        help="the directory holding torch_fl (PYTHONPATH), once per --daemon")
+    parser.add_argument("--label", action="append", default=[],
+                        help="a name for each tree in the output (default: its flagosd path)")
     parser.add_argument("--shim", required=True,
                         help="shared object with flagos_callgrind_{start,stop,zero,dump}")
     parser.add_argument("--workdir", help="where callgrind writes its files")
@@ -469,27 +510,36 @@ def main() -> int:
     if args.worker:
         worker(args.worker, args.shim, args.ops, args.warmup)
         return 0
-    for needed in ("daemon", "plugin_dir", "workdir"):
-        if not getattr(args, needed):
-            parser.error(f"--{needed.replace('_', '-')} is required")
+    if not args.daemon or len(args.daemon) != len(args.plugin_dir) or not args.workdir:
+        parser.error("--workdir and one --plugin-dir for each --daemon are required")
+    if args.label and len(args.label) != len(args.daemon):
+        parser.error("one --label for each --daemon, or none")
+    labels = args.label or args.daemon
+    trees = [Tree(label, daemon, plugin)
+             for label, daemon, plugin in zip(labels, args.daemon, args.plugin_dir)]
     # SIGTERM (timeout, the script's trap) unwinds, so that the daemons stop.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     driver = Driver(args)
     try:
-        runs = driver.run()
+        driver.run(trees)
     finally:
         driver.stop_all()
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
-            for path in Path(args.workdir).glob("run*"):
+            for path in Path(args.workdir).glob("tree*"):
                 if path.is_file() and not path.name.endswith(".sock"):
                     shutil.copy2(path, args.keep / path.name)
-    print(table(runs, args))
+    print("\n\n".join(table(tree, args) for tree in trees))
+    for other in trees[1:]:
+        print()
+        print(comparison(trees[0], other, args))
     if args.json:
         args.json.write_text(json.dumps({
-            "daemon": args.daemon, "plugin_dir": str(Path(args.plugin_dir).resolve()),
             "ops": args.ops, "warmup": args.warmup,
-            "runs": [r.__dict__ for r in runs]}, indent=2) + "\n")
+            "trees": [{"label": t.label, "daemon": t.daemon,
+                       "plugin_dir": str(Path(t.plugin_dir).resolve()),
+                       "runs": [r.__dict__ for r in t.runs]} for t in trees]},
+            indent=2) + "\n")
     return 0
 
 
