@@ -36,10 +36,14 @@ compare figures measured by this script only with each other.
 
 Valgrind runs one thread at a time and switches between them every hundred
 thousand basic blocks or so, so the client's idle flusher (kIdleFlush,
-500 µs) gets to send a batch mainly at those switches: the client figure
-counts batches of about 50 commands (the "client batches sent" line), near
-the 64 of a native client. The daemon figure comes from a native client,
-with batches as a real one sends them.
+500 µs) rarely gets to send a batch before it fills: on a quiet machine
+every batch is full, 64 commands as a native client sends them (157 for
+10000 calls: the "client batches sent" line), and the client figure
+repeats to 0.2%. On a busy one (load 6-8 on 2 cores) the flusher cut some
+(160-200 batches), and the client figure rose by up to 3% with them: read
+that line before comparing client figures, or compare two trees in one
+command (--baseline, runs interleaved). The daemon figure comes from a
+native client, with batches as a real one sends them.
 """
 
 from __future__ import annotations
