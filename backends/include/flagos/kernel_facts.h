@@ -17,6 +17,7 @@ struct KernelFact {
   bool always = false;
   bool reduced_precision_input = false;  // first argument float16 / bfloat16
   bool eval_mode = false;                // the op's `training` argument is false
+  bool mixed_dtype_operands = false;     // its tensor arguments are not all of one dtype
 };
 
 }  // namespace flagos
