@@ -58,6 +58,13 @@ ABSL_FLAG(bool, insecure_tcp, false,
 ABSL_FLAG(std::string, socket_mode, "",
           "File mode of the unix sockets (octal, e.g. 0660): who may connect at all. Empty "
           "(the default): 0660 for the default system socket, 0600 for any other path.");
+ABSL_FLAG(std::string, socket_group, flagos::daemon::kDefaultSocketGroup,
+          "Group the unix sockets are given, so that its members may connect. By default "
+          "only the system socket (unix:///run/flagosd/flagosd.sock) is given to group `flagos`; "
+          "given on the command line it applies to every unix --listen socket, which is then "
+          "0660 unless --socket-mode says otherwise. A group that does not exist fails the "
+          "start (create it with `addgroup --system flagos`; the Debian package's postinst "
+          "does). Empty (--socket-group=): no group is set.");
 ABSL_FLAG(std::vector<std::string>, allow_uid, {},
           "Users who may open a session (names or uids, comma-separated); with --allow-gid, "
           "a peer matching either may. The user is the kernel's (the unix socket's peer "
@@ -84,7 +91,9 @@ ABSL_FLAG(std::string, backend, "auto",
           "$XPU_ROOT/so or the loader path (docs/vendors/kunlunxin/installation.md); its "
           "operators run on the daemon's cpu_fallback route. cpu emulates --cpu-devices "
           "devices in host memory and runs operators with ATen's CPU kernels. auto picks "
-          "kunlunxin when libxpurt loads and reports devices, else cpu.");
+          "kunlunxin when libxpurt loads and reports devices, else cpu; on a node with P800 "
+          "device nodes (/dev/xpu*) whose runtime does not load, auto fails naming the library "
+          "and the variable to set (it never emulates there: say --backend=cpu for that).");
 ABSL_FLAG(std::string, op_route, "",
           "Route every operator this way instead of by the backend's ops.conf: native or "
           "cpu_fallback. For testing: --backend=cpu --op-route=cpu_fallback runs the "
@@ -272,6 +281,11 @@ int Run(int argc, char** argv) {
   backend_options.force_route = absl::GetFlag(FLAGS_op_route);
   backend_options.cpu_devices = absl::GetFlag(FLAGS_cpu_devices);
   backend_options.device_memory = absl::GetFlag(FLAGS_device_memory).bytes;
+  // Test-only (tests/python/test_backend_auto.py): where --backend=auto
+  // looks for P800 device nodes instead of /dev/xpu*.
+  if (const char* glob = std::getenv("FLAGOS_XPU_DEVICE_GLOB"); glob != nullptr && *glob != '\0') {
+    backend_options.xpu_device_glob = glob;
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(backend_options);
   if (!backend.ok()) return Fail(backend.status().message());
   if (absl::GetFlag(FLAGS_list_served_ops)) {  // with the backend's own operators registered
@@ -296,6 +310,11 @@ int Run(int argc, char** argv) {
                                ": expected an octal file mode from 0001 to 0777, e.g. 0660"));
     }
     server_options.socket_mode = static_cast<mode_t>(value);
+  }
+  if (std::any_of(merged.begin(), merged.end(), [](const std::string& arg) {
+        return absl::StartsWith(arg, "--socket_group") || absl::StartsWith(arg, "-socket_group");
+      })) {
+    server_options.socket_group = absl::GetFlag(FLAGS_socket_group);
   }
   absl::StatusOr<std::vector<int64_t>> allowed_uids =
       ParseAllowedUsers(absl::GetFlag(FLAGS_allow_uid));

@@ -1,10 +1,14 @@
 #include "execution/backend.h"
 
+#include <glob.h>
 #include <torch/headeronly/version.h>
 
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cpu_kernel_facts.h"
 #include "cpu_op_executor.h"
 #include "cpu_runtime.h"
@@ -14,6 +18,18 @@
 
 namespace flagos::daemon {
 namespace {
+
+// The files `pattern` matches, sorted (glob's order); none when it matches
+// nothing or cannot be read.
+std::vector<std::string> XpuDeviceNodes(const std::string& pattern) {
+  std::vector<std::string> nodes;
+  glob_t found{};
+  if (glob(pattern.c_str(), 0, nullptr, &found) == 0) {
+    for (size_t i = 0; i < found.gl_pathc; ++i) nodes.emplace_back(found.gl_pathv[i]);
+  }
+  globfree(&found);
+  return nodes;
+}
 
 absl::StatusOr<OpRoutes> RoutesFor(absl::string_view backend, const BackendOptions& options) {
   if (!options.force_route.empty()) {
@@ -46,9 +62,24 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
       name = kKunlunxinBackendName;
     } else if (name == kKunlunxinBackendName) {
       return kunlunxin.status();
+    } else if (std::vector<std::string> nodes = XpuDeviceNodes(options.xpu_device_glob);
+               !nodes.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--backend=auto: this node has Kunlun P800 device nodes (",
+          absl::StrJoin(nodes.size() > 3 ? std::vector<std::string>(nodes.begin(),
+                                                                    nodes.begin() + 3)
+                                         : nodes,
+                        ", "),
+          nodes.size() > 3 ? absl::StrCat(" and ", nodes.size() - 3, " more") : std::string(),
+          ") but the kunlunxin backend cannot start: ", kunlunxin.status().message(),
+          " (under systemd, set the variable in /etc/default/flagosd and install the "
+          "kunlunxin.conf drop-in: docs/vendors/kunlunxin/installation.md). flagosd does not "
+          "fall back to emulated devices on a P800 node; to emulate on the CPU anyway, start "
+          "it with --backend=cpu"));
     } else {
-      LogInfo(absl::StrCat("backend auto: kunlunxin is not available (",
-                           kunlunxin.status().message(), "); using cpu"));
+      LogInfo(absl::StrCat("backend auto: no Kunlun P800 device node (", options.xpu_device_glob,
+                           ") and kunlunxin is not available (", kunlunxin.status().message(),
+                           "); using cpu"));
       name = kCpuBackendName;
     }
   }

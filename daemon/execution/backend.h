@@ -22,6 +22,9 @@ class OpExecutor;
 
 namespace flagos::daemon {
 
+// The Kunlun P800's device nodes (/dev/xpu0.., /dev/xpuctrl).
+inline constexpr char kXpuDeviceGlob[] = "/dev/xpu*";
+
 struct BackendOptions {
   // "auto", "cpu", "cuda", "kunlunxin".
   std::string name = "auto";
@@ -32,12 +35,20 @@ struct BackendOptions {
   // CPU backend: number of emulated devices and bytes of memory each.
   int cpu_devices = 2;
   uint64_t device_memory = 8ull << 30;
+  // "auto": the device nodes whose presence means this is a P800 node, so
+  // that a kunlunxin runtime that does not load is an error, not emulation
+  // on the CPU. Tests point it elsewhere (FLAGOS_XPU_DEVICE_GLOB, test-only).
+  std::string xpu_device_glob = kXpuDeviceGlob;
 };
 
 class Backend {
  public:
   // Creates the backend `options.name` names. "auto" picks kunlunxin when
-  // libxpurt loads and reports devices, else cpu. FAILED_PRECONDITION for a
+  // libxpurt loads and reports devices, else cpu, but only where no P800
+  // device node exists (`xpu_device_glob`): on a P800 node whose runtime
+  // does not load it fails with the kunlunxin error (the library, where it
+  // was looked for, the variable to set) and never emulates devices
+  // silently; --backend=cpu asks for emulation. FAILED_PRECONDITION for a
   // backend that cannot start here (kunlunxin without the SDK: the message
   // names the library, the directories searched and the variables to set)
   // or not built into this flagosd; INVALID_ARGUMENT for an unknown name or

@@ -20,8 +20,6 @@
 namespace flagos::daemon {
 namespace {
 
-constexpr char kSystemGroup[] = "flagos";
-
 // "127.x.x.x" only as an IPv4 address: a host name starting "127." is
 // whatever DNS says it is.
 bool IsLoopbackHost(absl::string_view host) {
@@ -67,7 +65,8 @@ absl::StatusOr<ListenEndpoint> ParseListenEndpoint(absl::string_view spec) {
           "; choose a shorter path"));
     }
     endpoint.unix_path = std::string(path);
-    endpoint.mode = path == kSystemSocketPath ? 0660 : 0600;
+    endpoint.system_socket = path == kSystemSocketPath;
+    endpoint.mode = endpoint.system_socket ? 0660 : 0600;
     return endpoint;
   }
   const size_t colon = spec.rfind(':');
@@ -113,15 +112,45 @@ absl::Status PrepareUnixSocket(const ListenEndpoint& endpoint) {
   return absl::OkStatus();
 }
 
+absl::Status ResolveSocketGroup(ListenEndpoint& endpoint, absl::string_view group) {
+  endpoint.group.clear();
+  endpoint.gid = static_cast<gid_t>(-1);
+  if (endpoint.unix_path.empty() || group.empty()) return absl::OkStatus();
+  const std::string name(group);
+  // getgrnam_r: the daemon's other threads may look up groups too
+  // (--allow-gid); getgrnam's static buffer is not theirs to share.
+  std::string buffer(16384, '\0');
+  struct group entry;
+  struct group* found = nullptr;
+  int error = 0;
+  while ((error = getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found)) ==
+             ERANGE &&
+         buffer.size() < (1u << 24)) {
+    buffer.resize(buffer.size() * 2);
+  }
+  if (found == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the socket ", endpoint.uri, " is to belong to group `", name,
+        "` (--socket-group), but ",
+        error != 0 ? absl::StrCat("looking that group up failed (", std::strerror(error), ")")
+                   : std::string("no such group exists"),
+        ": create it with `addgroup --system ", name, "` (or `groupadd --system ", name,
+        "`) and add the users who may connect to it, or name another group with "
+        "--socket-group=NAME"));
+  }
+  endpoint.group = name;
+  endpoint.gid = found->gr_gid;
+  return absl::OkStatus();
+}
+
 absl::Status SecureUnixSocket(const ListenEndpoint& endpoint) {
   if (endpoint.unix_path.empty()) return absl::OkStatus();
-  if (endpoint.mode == 0660) {
-    if (const group* g = getgrnam(kSystemGroup); g != nullptr) {
-      if (chown(endpoint.unix_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cannot give ", endpoint.unix_path, " to group ", kSystemGroup, ": ",
-            std::strerror(errno)));
-      }
+  if (!endpoint.group.empty()) {
+    if (chown(endpoint.unix_path.c_str(), static_cast<uid_t>(-1), endpoint.gid) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot give ", endpoint.unix_path, " to group `", endpoint.group, "`: ",
+          std::strerror(errno),
+          errno == EPERM ? "; flagosd must run as root or as a member of that group" : ""));
     }
   }
   if (chmod(endpoint.unix_path.c_str(), endpoint.mode) != 0) {

@@ -44,9 +44,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   for (const std::string& spec : options.listen) {
     absl::StatusOr<ListenEndpoint> endpoint = ParseListenEndpoint(spec);
     if (!endpoint.ok()) return endpoint.status();
+    // The system socket belongs to `flagos` unless --socket-group says
+    // otherwise; a group asked for applies to every unix socket, which is
+    // then shared with it (0660) unless --socket-mode says otherwise.
+    const std::string group =
+        options.socket_group.value_or(endpoint->system_socket ? kDefaultSocketGroup : "");
+    if (!group.empty() && !endpoint->unix_path.empty()) endpoint->mode = 0660;
     if (options.socket_mode != 0 && !endpoint->unix_path.empty()) {
       endpoint->mode = options.socket_mode;
     }
+    // Before anything listens: a missing group fails the start.
+    if (absl::Status s = ResolveSocketGroup(*endpoint, group); !s.ok()) return s;
     if (absl::Status s = CheckTcpEndpoint(*endpoint, options.remote_access); !s.ok()) return s;
     // Fails early when another process listens there.
     if (absl::Status s = PrepareUnixSocket(*endpoint); !s.ok()) return s;
@@ -112,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
     absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(
-        absl::StrCat(endpoint.unix_path, ".staging"), endpoint.mode, server->registry_.get());
+        absl::StrCat(endpoint.unix_path, ".staging"), endpoint, server->registry_.get());
     if (!staging.ok()) return staging.status();
     server->staging_ = *std::move(staging);
     server->service_->set_staging_socket(server->staging_->path());

@@ -7,6 +7,7 @@
 #define FLAGOS_DAEMON_TRANSPORT_SERVER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,11 @@ struct ServerOptions {
   // The mode of the unix socket files (--socket-mode); 0: the endpoint's
   // default (0660 for the system socket, 0600 for any other path).
   mode_t socket_mode = 0;
+  // The group the unix socket files are given (--socket-group). Unset: the
+  // system socket's is kDefaultSocketGroup and other sockets keep the
+  // daemon's group; set: every unix socket's (empty: none), mode 0660
+  // unless socket_mode says otherwise.
+  std::optional<std::string> socket_group;
   // Who may open a session (--allow-uid, --allow-gid).
   SessionAccess session_access;
   // --session-memory-limit, --uid-memory-limit (0: none).

@@ -39,11 +39,13 @@ bool SendReply(int fd, const absl::Status& status) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StagingListener>> StagingListener::Start(
-    std::string path, mode_t mode, SessionRegistry* registry) {
+    std::string path, const ListenEndpoint& session_socket, SessionRegistry* registry) {
   ListenEndpoint endpoint;
   endpoint.uri = absl::StrCat("unix://", path);
   endpoint.unix_path = path;
-  endpoint.mode = mode;
+  endpoint.mode = session_socket.mode;
+  endpoint.group = session_socket.group;
+  endpoint.gid = session_socket.gid;
   std::unique_ptr<StagingListener> listener(new StagingListener(std::move(path), registry));
   absl::StatusOr<std::unique_ptr<UnixAcceptor>> acceptor = UnixAcceptor::Start(
       endpoint, "staging listener", [self = listener.get()](int fd) { self->Accepted(fd); });

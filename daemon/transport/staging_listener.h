@@ -9,7 +9,7 @@
 // channel; an attach of a pinned host region (StagingAttach.pinned) ends
 // with the answer. The
 // socket file lives next to the daemon's first unix --listen socket, with
-// the same mode.
+// the same mode and group.
 //
 // Attaches are served concurrently (at most kMaxConcurrentAttaches at once;
 // one more is closed at once) and each must complete within
@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "transport/listen_endpoint.h"
 
 namespace flagos::daemon {
 
@@ -39,10 +40,11 @@ inline constexpr int kAttachDeadlineSeconds = 5;
 
 class StagingListener {
  public:
-  // Listens on `path` (a stale socket file there is replaced) with file mode
-  // `mode`. `registry` must outlive the listener.
-  static absl::StatusOr<std::unique_ptr<StagingListener>> Start(std::string path, mode_t mode,
-                                                                SessionRegistry* registry);
+  // Listens on `path` (a stale socket file there is replaced) with the file
+  // mode and group of `session_socket`, the socket it serves attaches for.
+  // `registry` must outlive the listener.
+  static absl::StatusOr<std::unique_ptr<StagingListener>> Start(
+      std::string path, const ListenEndpoint& session_socket, SessionRegistry* registry);
   // Stop().
   ~StagingListener();
 

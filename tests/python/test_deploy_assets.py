@@ -404,7 +404,8 @@ def test_daemonset_runs_flagosd_on_the_node_socket_with_metrics() -> None:
     ds = daemonset()
     container = flagosd_container(ds)
     command = container.get("command", []) + container.get("args", [])
-    assert command[0] == "/usr/local/bin/flagosd"
+    # The binary the package installs (deploy/container/Containerfile).
+    assert command[0] == "/usr/bin/flagosd"
     assert f"--listen={SOCKET_ENDPOINT}" in command
     assert f"--metrics-listen=0.0.0.0:{METRICS_PORT}" in command
     ports = {p["name"]: p for p in container["ports"]}
@@ -658,3 +659,72 @@ def test_scrape_has_every_metric_the_dashboard_and_rules_use(scraped: dict[str, 
         # reports telemetry.
         absent = sorted(VENDOR_TELEMETRY_METRICS - scraped.keys())
         assert not absent, f"the kunlunxin backend exported no {absent}"
+
+
+# ---------------------------------------------------------------- image and unit recipes
+
+CONTAINERFILE = DEPLOY / "container" / "Containerfile"
+
+
+def project_version() -> str:
+    match = re.search(r"project\(flagos VERSION (\S+)", (REPO / "CMakeLists.txt").read_text())
+    assert match
+    return match.group(1)
+
+
+def test_the_image_recipe_installs_the_package_the_daemonset_runs() -> None:
+    text = CONTAINERFILE.read_text()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines[0].startswith("FROM debian:"), lines[0]
+    version = project_version()
+    assert f"ARG FLAGOSD_VERSION={version}" in lines
+    # The file scripts/package writes, installed through apt (its Depends).
+    assert "COPY flagosd_${FLAGOSD_VERSION}_amd64.deb /tmp/" in lines
+    assert "apt-get install -y --no-install-recommends /tmp/flagosd_${FLAGOSD_VERSION}_amd64.deb" in text
+    ds = daemonset()
+    container = flagosd_container(ds)
+    # The image the DaemonSet names is this version's; its command is the
+    # packaged binary, which the image's entry point also is.
+    assert container["image"].endswith(f"/flagosd:{version}"), container["image"]
+    assert container["command"][0] == "/usr/bin/flagosd"
+    assert 'ENTRYPOINT ["/usr/bin/flagosd"]' in lines
+    # The image's `flagos` group (the socket's, --socket-group) has the gid
+    # the pods share the socket by.
+    gid = ds["spec"]["template"]["spec"]["securityContext"]["runAsGroup"]
+    assert f"RUN groupadd --system --gid {gid} flagos" in lines
+    workload = the_object(WORKLOAD, "Pod")
+    assert gid in workload["spec"]["securityContext"]["supplementalGroups"]
+    # What deploy/CMakeLists.txt installs where the image expects it.
+    install = (DEPLOY / "CMakeLists.txt").read_text()
+    assert "RUNTIME DESTINATION bin" in install
+    assert "needs no vendor SDK" not in DAEMONSET.read_text()
+
+
+def p800_recipe(doc: Path) -> str:
+    """The shell block after the `<!-- p800-recipe` marker in `doc`."""
+    text = doc.read_text()
+    marker = text.index("<!-- p800-recipe")
+    block = re.search(r"```sh\n(.*?)```", text[marker:], re.S)
+    assert block, doc
+    return block.group(1)
+
+
+def test_the_p800_recipe_is_one_and_the_same_in_both_guides() -> None:
+    guides = [REPO / "docs/operations.md", REPO / "docs/vendors/kunlunxin/installation.md"]
+    recipes = [p800_recipe(doc) for doc in guides]
+    assert recipes[0] == recipes[1], recipes
+    recipe = recipes[0]
+    # The drop-in the package ships, put where systemd reads drop-ins, and
+    # the unit's own EnvironmentFile.
+    assert ("/usr/share/flagosd/kunlunxin.conf \\\n"
+            "  /etc/systemd/system/flagosd.service.d/kunlunxin.conf") in recipe
+    assert "install(FILES systemd/flagosd.service.d/kunlunxin.conf DESTINATION share/flagosd)" in \
+        (DEPLOY / "CMakeLists.txt").read_text()
+    assert "sudoedit /etc/default/flagosd" in recipe
+    assert "EnvironmentFile=-/etc/default/flagosd" in (DEPLOY / "systemd/flagosd.service").read_text()
+    # The contradicting recipe is gone: no second environment file, no
+    # ExecStart= override that would drop $FLAGOSD_ARGS and the drop-in.
+    for doc in guides:
+        text = doc.read_text()
+        assert "kunlunxin.env" not in text, doc
+        assert "ExecStart=\n" not in text, doc

@@ -208,9 +208,10 @@ def test_systemd_analyze_verifies_the_unit_and_its_drop_in(flagosd_binary: Path,
     # The unit as installed, with ExecStart pointing at this build's binary
     # (verify checks that the command exists).
     text = (REPO / "deploy/systemd/flagosd.service").read_text()
-    assert "ExecStart=/usr/local/bin/flagosd " in text
+    # The package's path (test_package.py verifies the unit it installs).
+    assert "ExecStart=/usr/bin/flagosd " in text
     (units / "flagosd.service").write_text(
-        text.replace("/usr/local/bin/flagosd", str(flagosd_binary)))
+        text.replace("ExecStart=/usr/bin/flagosd", f"ExecStart={flagosd_binary}"))
     shutil.copy(REPO / "deploy/systemd/flagosd.service.d/kunlunxin.conf",
                 units / "flagosd.service.d/kunlunxin.conf")
     out = subprocess.run([analyze, "verify", str(units / "flagosd.service")],

@@ -57,15 +57,62 @@ TEST(ParseListenEndpointTest, TheSystemSocketIsSharedWithItsGroup) {
   const ListenEndpoint endpoint = ParseOk(kDefaultListen);
   EXPECT_EQ(endpoint.unix_path, "/run/flagosd/flagosd.sock");
   EXPECT_EQ(endpoint.mode, 0660u);
+  EXPECT_TRUE(endpoint.system_socket);
+  EXPECT_EQ(endpoint.group, "");  // named by ResolveSocketGroup, at start
 }
 
 TEST(ParseListenEndpointTest, TheSystemSocketSpelledWithOneSlashIsStillTheSystemSocket) {
   EXPECT_EQ(ParseOk("unix:/run/flagosd/flagosd.sock").mode, 0660u);
+  EXPECT_TRUE(ParseOk("unix:/run/flagosd/flagosd.sock").system_socket);
 }
 
 TEST(ParseListenEndpointTest, EveryOtherSocketIsTheOwnersOnly) {
   EXPECT_EQ(ParseOk("unix:///run/flagosd/other.sock").mode, 0600u);
   EXPECT_EQ(ParseOk("unix:///run/flagosd/flagosd.sock.old").mode, 0600u);
+  EXPECT_FALSE(ParseOk("unix:///run/flagosd/other.sock").system_socket);
+}
+
+// ---- the socket's group (--socket-group)
+
+// A group name no system has: the lookup fails the way a missing `flagos`
+// group does on a node where nobody created it.
+constexpr char kMissingGroup[] = "flagos-test-no-such-group";
+
+TEST(ResolveSocketGroupTest, AMissingGroupFailsNamingTheGroupTheSocketAndTheFix) {
+  ASSERT_EQ(getgrnam(kMissingGroup), nullptr) << kMissingGroup << " exists on this machine";
+  ListenEndpoint endpoint = ParseOk(kDefaultListen);
+  const absl::Status status = ResolveSocketGroup(endpoint, kMissingGroup);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            absl::StrCat("the socket unix:///run/flagosd/flagosd.sock is to belong to group `",
+                         kMissingGroup, "` (--socket-group), but no such group exists: create "
+                         "it with `addgroup --system ", kMissingGroup, "` (or `groupadd --system ",
+                         kMissingGroup, "`) and add the users who may connect to it, or name "
+                         "another group with --socket-group=NAME"));
+  EXPECT_EQ(endpoint.group, "");
+}
+
+TEST(ResolveSocketGroupTest, AnExistingGroupIsNamedWithItsGid) {
+  const group* own = getgrgid(getegid());
+  ASSERT_NE(own, nullptr) << "the test's own group " << getegid() << " has no name";
+  const std::string name = own->gr_name;
+  ListenEndpoint endpoint = ParseOk("unix:///tmp/d.sock");
+  const absl::Status status = ResolveSocketGroup(endpoint, name);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(endpoint.group, name);
+  EXPECT_EQ(endpoint.gid, getegid());
+}
+
+TEST(ResolveSocketGroupTest, NoGroupNamesNone) {
+  ListenEndpoint endpoint = ParseOk(kDefaultListen);
+  ASSERT_TRUE(ResolveSocketGroup(endpoint, "").ok());
+  EXPECT_EQ(endpoint.group, "");
+}
+
+TEST(ResolveSocketGroupTest, TcpEndpointsHaveNoSocketFileAndSoNoGroup) {
+  ListenEndpoint endpoint = ParseOk("127.0.0.1:1");
+  ASSERT_TRUE(ResolveSocketGroup(endpoint, kMissingGroup).ok());
+  EXPECT_EQ(endpoint.group, "");
 }
 
 TEST(ParseListenEndpointTest, AnEmptyUnixPathIsRefused) {
@@ -261,21 +308,56 @@ TEST_F(UnixSocketFileTest, SecureMakesAnOrdinarySocketTheOwnersOnly) {
   EXPECT_EQ(Mode(endpoint.unix_path), 0600u);
 }
 
-TEST_F(UnixSocketFileTest, SecureSharesTheSystemSocketWithTheFlagosGroup) {
-  // The system socket's settings on a path of the test's own.
+// A group other than the test's own that it may give a file to: any group
+// for root, one of its supplementary groups otherwise; empty when none.
+std::string AnotherGroupOfOurs() {
+  std::vector<gid_t> candidates;
+  if (geteuid() == 0) {
+    setgrent();
+    while (const group* g = getgrent()) candidates.push_back(g->gr_gid);
+    endgrent();
+  } else {
+    std::vector<gid_t> groups(getgroups(0, nullptr));
+    groups.resize(getgroups(static_cast<int>(groups.size()), groups.data()));
+    candidates = groups;
+  }
+  for (gid_t gid : candidates) {
+    if (gid == getegid()) continue;
+    if (const group* g = getgrgid(gid); g != nullptr) return g->gr_name;
+  }
+  return "";
+}
+
+TEST_F(UnixSocketFileTest, SecureSharesTheSocketWithItsGroup) {
+  const std::string name = AnotherGroupOfOurs();
+  if (name.empty()) {
+    GTEST_SKIP() << "the test's user may give a file to no group but its own (not root, no "
+                    "supplementary groups): run it as root to see the group change";
+  }
   ListenEndpoint endpoint = Endpoint("d.sock");
   endpoint.mode = 0660;
+  ASSERT_TRUE(ResolveSocketGroup(endpoint, name).ok());
   Bind(endpoint.unix_path, /*listen_on_it=*/true);
-  struct stat before;
-  ASSERT_EQ(lstat(endpoint.unix_path.c_str(), &before), 0);
   const absl::Status status = SecureUnixSocket(endpoint);
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_EQ(Mode(endpoint.unix_path), 0660u);
   struct stat after;
   ASSERT_EQ(lstat(endpoint.unix_path.c_str(), &after), 0);
-  // The group is `flagos` where that group exists; elsewhere it is left as it was.
-  const group* flagos = getgrnam("flagos");
-  EXPECT_EQ(after.st_gid, flagos != nullptr ? flagos->gr_gid : before.st_gid);
+  EXPECT_EQ(after.st_gid, getgrnam(name.c_str())->gr_gid);
+  EXPECT_NE(after.st_gid, getegid());
+}
+
+TEST_F(UnixSocketFileTest, SecureWithoutAGroupLeavesTheSocketsGroupAlone) {
+  ListenEndpoint endpoint = Endpoint("d.sock");
+  endpoint.mode = 0660;
+  Bind(endpoint.unix_path, /*listen_on_it=*/true);
+  struct stat before;
+  ASSERT_EQ(lstat(endpoint.unix_path.c_str(), &before), 0);
+  ASSERT_TRUE(SecureUnixSocket(endpoint).ok());
+  struct stat after;
+  ASSERT_EQ(lstat(endpoint.unix_path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_gid, before.st_gid);
+  EXPECT_EQ(Mode(endpoint.unix_path), 0660u);
 }
 
 TEST_F(UnixSocketFileTest, SecureFailsOnAMissingSocketNamingIt) {
