@@ -25,7 +25,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "execution/backend.h"
-#include "flagos/client/command_line.h"
+#include "flagos/cli/command_line.h"
 #include "byte_size.h"
 #include "transport/flagos_service.h"
 #include "absl/synchronization/mutex.h"
@@ -231,9 +231,9 @@ int Run(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(kUsage);
   // --help lists the daemon's own flags (those of this file).
-  const client::ToolDescription tool{"flagosd", kUsage, "daemon/main.cc", TorchVersion()};
+  const cli::ToolDescription tool{"flagosd", kUsage, "daemon/main.cc", TorchVersion()};
   absl::FlagsUsageConfig usage_config;
-  usage_config.version_string = [tool] { return client::VersionLine(tool) + "\n"; };
+  usage_config.version_string = [tool] { return cli::VersionLine(tool) + "\n"; };
   absl::SetFlagsUsageConfig(usage_config);
 
   // SIGTERM and SIGINT are taken by a dedicated thread (sigwait); block them
@@ -245,8 +245,8 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::vector<std::string> merged = MergeListenFlags(client::NormalizeFlagNames(argc, argv));
-  if (std::optional<int> answered = client::AnswerHelpOrVersion(merged, tool)) return *answered;
+  std::vector<std::string> merged = MergeListenFlags(cli::NormalizeFlagNames(argc, argv));
+  if (std::optional<int> answered = cli::AnswerHelpOrVersion(merged, tool)) return *answered;
   std::vector<char*> merged_argv;
   for (std::string& arg : merged) merged_argv.push_back(arg.data());
   const std::vector<char*> positional =

@@ -26,7 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "flagos/client/command_line.h"
+#include "flagos/cli/command_line.h"
 #include "flagos/client/connection.h"
 #include "google/protobuf/util/json_util.h"
 #include "stats_table.h"
@@ -109,13 +109,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   // --help lists flagos-smi's own flags (those of this file); the torch is
   // the one it was built beside (it loads none).
-  const flagos::client::ToolDescription tool{"flagos-smi", kUsage, "smi/flagos_smi.cc",
+  const flagos::cli::ToolDescription tool{"flagos-smi", kUsage, "smi/flagos_smi.cc",
                                              FLAGOS_TORCH_VERSION};
   absl::FlagsUsageConfig usage_config;
-  usage_config.version_string = [tool] { return flagos::client::VersionLine(tool) + "\n"; };
+  usage_config.version_string = [tool] { return flagos::cli::VersionLine(tool) + "\n"; };
   absl::SetFlagsUsageConfig(usage_config);
-  std::vector<std::string> normalized = flagos::client::NormalizeFlagNames(argc, argv);
-  if (std::optional<int> answered = flagos::client::AnswerHelpOrVersion(normalized, tool)) {
+  std::vector<std::string> normalized = flagos::cli::NormalizeFlagNames(argc, argv);
+  if (std::optional<int> answered = flagos::cli::AnswerHelpOrVersion(normalized, tool)) {
     return *answered;
   }
   std::vector<char*> normalized_argv;

@@ -71,9 +71,9 @@ def find_daemon_binary() -> str:
     raise RuntimeError(
         "flagos: no FLAGOS_ENDPOINT is set, no system flagosd runs at "
         f"{SYSTEM_SOCKET}, and no flagosd binary was found to start a private one "
-        f"(looked at: {', '.join(candidates)}). Set FLAGOS_ENDPOINT to a running "
-        "daemon, start one with `systemd-run --unit=flagosd flagosd`, or set "
-        "FLAGOS_DAEMON to the flagosd binary."
+        f"(looked at: {', '.join(candidates)}). Set FLAGOS_DAEMON to a flagosd binary "
+        "(`scripts/build` makes build/bin/flagosd in a source tree; `pip install .` puts one "
+        "in torch_fl/bin), or FLAGOS_ENDPOINT to a running daemon."
     )
 
 

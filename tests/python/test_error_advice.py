@@ -111,3 +111,26 @@ def test_an_endpoint_that_is_neither_a_socket_nor_host_port_says_what_to_write(
     assert report["message"].startswith(
         "flagos: endpoint flagosd.sock is neither a unix socket (unix:///path/to/flagosd.sock, "
         "or the absolute path) nor host:port"), report
+
+
+def test_no_daemon_binary_suggests_flagos_daemon_which_then_serves(
+    run_python, flagosd_binary: Path, tmp_path: Path
+) -> None:
+    # torch_fl away from the source tree (whose build/bin/flagosd it would find),
+    # with no flagosd on PATH and no system daemon.
+    if Path("/run/flagosd/flagosd.sock").exists():
+        pytest.skip("a system flagosd socket exists: torch_fl would use it")
+    import shutil
+
+    import torch_fl
+    package = Path(torch_fl.__file__).parent
+    shutil.copytree(package, tmp_path / "torch_fl", ignore=shutil.ignore_patterns("bin"))
+    env = {"PYTHONPATH": str(tmp_path), "FLAGOS_ENDPOINT": None, "FLAGOS_DAEMON": None,
+           "PATH": "/usr/bin:/bin"}
+    report = json.loads(run_python(FIRST_USE, env=env).stdout.strip().splitlines()[-1])
+    assert report.get("error") == "RuntimeError", report
+    assert "no flagosd binary was found" in report["message"], report
+    assert "Set FLAGOS_DAEMON to a flagosd binary" in report["message"], report
+    env["FLAGOS_DAEMON"] = str(flagosd_binary)
+    report = json.loads(run_python(FIRST_USE, env=env).stdout.strip().splitlines()[-1])
+    assert report == {"sum": 12.0}

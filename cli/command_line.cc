@@ -1,4 +1,4 @@
-#include "flagos/client/command_line.h"
+#include "flagos/cli/command_line.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
-// Set by CMake on this file (client/CMakeLists.txt): the project's version
+// Set by CMake on this file (cli/CMakeLists.txt): the project's version
 // and the build type it was configured with.
 #ifndef FLAGOS_VERSION
 #error "FLAGOS_VERSION must be defined by the build (CMake's PROJECT_VERSION)"
@@ -19,7 +19,7 @@
 #error "FLAGOS_BUILD_TYPE must be defined by the build (CMAKE_BUILD_TYPE)"
 #endif
 
-namespace flagos::client {
+namespace flagos::cli {
 namespace {
 
 constexpr size_t kHelpWidth = 78;
@@ -109,4 +109,4 @@ std::optional<int> AnswerHelpOrVersion(const std::vector<std::string>& args,
   return std::nullopt;
 }
 
-}  // namespace flagos::client
+}  // namespace flagos::cli

@@ -9,8 +9,8 @@
 // Abseil's (it matches names exactly), so they are rewritten here.
 //
 // Thread safety: call from main() before other threads use the flags.
-#ifndef FLAGOS_CLIENT_COMMAND_LINE_H_
-#define FLAGOS_CLIENT_COMMAND_LINE_H_
+#ifndef FLAGOS_CLI_COMMAND_LINE_H_
+#define FLAGOS_CLI_COMMAND_LINE_H_
 
 #include <optional>
 #include <string>
@@ -18,7 +18,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace flagos::client {
+namespace flagos::cli {
 
 // What a tool says about itself on --help and --version.
 struct ToolDescription {
@@ -55,6 +55,6 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv);
 std::optional<int> AnswerHelpOrVersion(const std::vector<std::string>& args,
                                        const ToolDescription& tool);
 
-}  // namespace flagos::client
+}  // namespace flagos::cli
 
-#endif  // FLAGOS_CLIENT_COMMAND_LINE_H_
+#endif  // FLAGOS_CLI_COMMAND_LINE_H_
