@@ -3,6 +3,7 @@ variables (shared by conftest.py and the tests)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -54,8 +55,6 @@ def free_tcp_port() -> int:
 
 def project_version() -> str:
     """The version CMakeLists.txt gives the project (`project(flagos VERSION x.y.z ...)`)."""
-    import re
-
     match = re.search(r"project\(flagos VERSION ([0-9.]+)", (REPO / "CMakeLists.txt").read_text())
     assert match, "CMakeLists.txt names no project version"
     return match.group(1)
@@ -71,16 +70,12 @@ def build_type() -> str:
 
 def help_flags(help_text: str) -> dict[str, str]:
     """{dashed name: default} of the flags a tool's --help lists (`  --name=DEFAULT`
-    lines; --help and --version have no default and map to None)."""
-    import re
-
+    lines; --help and --version have none and map to '')."""
     return {name: default for name, default in
             re.findall(r"^  --([a-z][a-z0-9-]*)(?:=(.*))?$", help_text, re.M)}
 
 
 def source_flags(source: Path) -> list[str]:
     """The dashed names of the ABSL_FLAGs defined in a source file."""
-    import re
-
     return [name.replace("_", "-")
             for name in re.findall(r"ABSL_FLAG\(\s*[^,]+,\s*(\w+)\s*,", source.read_text())]
