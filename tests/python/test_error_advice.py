@@ -5,8 +5,10 @@ provokes the error, runs the command the message names, exactly as written
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flagos_test_env import free_tcp_port
+from flagos_test_env import FAKE_XPU_ROOT, free_tcp_port
 
 FIRST_USE = """
 import json, torch, torch_fl
@@ -120,8 +122,6 @@ def test_no_daemon_binary_suggests_flagos_daemon_which_then_serves(
     # with no flagosd on PATH and no system daemon.
     if Path("/run/flagosd/flagosd.sock").exists():
         pytest.skip("a system flagosd socket exists: torch_fl would use it")
-    import shutil
-
     import torch_fl
     package = Path(torch_fl.__file__).parent
     shutil.copytree(package, tmp_path / "torch_fl", ignore=shutil.ignore_patterns("bin"))
@@ -134,3 +134,20 @@ def test_no_daemon_binary_suggests_flagos_daemon_which_then_serves(
     env["FLAGOS_DAEMON"] = str(flagosd_binary)
     report = json.loads(run_python(FIRST_USE, env=env).stdout.strip().splitlines()[-1])
     assert report == {"sum": 12.0}
+
+
+def test_a_kunlunxin_daemon_without_libxpurt_says_to_set_xpu_root_which_then_works(
+    flagosd_binary: Path, tmp_path: Path
+) -> None:
+    argv = [str(flagosd_binary), "--backend=kunlunxin", "--metrics-listen=",
+            f"--listen=unix://{tmp_path}/d.sock", "--describe-backend"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XPU_ROOT", "FLAGOS_KUNLUNXIN_XPURT", "LD_LIBRARY_PATH")}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout
+    assert "set XPU_ROOT to its root" in proc.stderr, proc.stderr
+    # The advice, followed: the fake SDK root stands in for /usr/local/xpu.
+    env["XPU_ROOT"] = str(FAKE_XPU_ROOT)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("## kunlunxin"), proc.stdout[:200]
