@@ -145,3 +145,9 @@ def test_a_bare_socket_path_is_a_unix_endpoint(endpoint: str) -> None:
     out = smi(f"--endpoint={path}", "--health")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "SERVING"
+
+
+def test_only_flag_names_are_rewritten_not_their_values() -> None:
+    out = smi("--endpoint=/nonexistent/a-b/c-d.sock", "--timeout-ms=500")
+    assert out.returncode == 1
+    assert "no such socket: /nonexistent/a-b/c-d.sock" in out.stderr, out.stderr
