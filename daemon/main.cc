@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,8 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "execution/backend.h"
+#include "flagos/cli/command_line.h"
 #include "byte_size.h"
 #include "transport/flagos_service.h"
 #include "absl/synchronization/mutex.h"
@@ -163,8 +166,7 @@ constexpr char kUsage[] =
     "Usage: flagosd [--listen=unix:///run/flagosd/flagosd.sock] [--backend=auto]\n"
     "               [--cpu-devices=2] [--device-memory=8GiB] [--max-sessions=256]\n"
     "               [--metrics-listen=127.0.0.1:9400] [--workers-per-device=0]\n"
-    "               [--max-op-elements=N] [--max-op-host-memory=8GiB]\n"
-    "Flag names may be written with dashes or underscores (--cpu-devices, --cpu_devices).\n\n"
+    "               [--max-op-elements=0] [--max-op-host-memory=0]\n\n"
     "flagosd prints one line on stdout when it is ready:\n"
     "  flagosd 0.1.0 listening on unix:///run/flagosd/flagosd.sock (backend cpu, 2 devices x "
     "8GiB)\n"
@@ -174,47 +176,35 @@ constexpr char kUsage[] =
     "and it exits with status 0; with status 1, 5 s after the signal, when a device\n"
     "no longer completes work and so the shutdown cannot finish.";
 
-// Rewrites the command line for absl: flag names may be written with
-// dashes (--cpu-devices) as well as underscores (--cpu_devices), and
-// --listen accumulates when repeated (absl keeps the last), so repeated
-// occurrences are merged into one comma-separated value.
-std::vector<std::string> NormalizeArgs(int argc, char** argv) {
-  std::vector<std::string> args;
+// --listen accumulates when repeated (absl keeps the last): repeated
+// occurrences in `args` (flag names already normalized, NormalizeFlagNames)
+// are merged into one comma-separated value.
+std::vector<std::string> MergeListenFlags(std::vector<std::string> args) {
+  std::vector<std::string> merged;
   std::vector<std::string> listen;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (i == 0) {
-      args.push_back(std::move(arg));
-      continue;
-    }
-    if (arg == "--") {  // everything after it is positional
-      for (; i < argc; ++i) args.emplace_back(argv[i]);
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (i > 0 && arg == "--") {  // everything after it is positional
+      for (; i < args.size(); ++i) merged.push_back(std::move(args[i]));
       break;
     }
-    if (arg.size() > 1 && arg[0] == '-') {
-      const size_t dashes = arg[1] == '-' ? 2 : 1;
-      const size_t name_end = std::min(arg.find('='), arg.size());
-      for (size_t c = dashes; c < name_end; ++c) {
-        if (arg[c] == '-') arg[c] = '_';
+    if (i > 0 && (absl::StartsWith(arg, "--listen") || absl::StartsWith(arg, "-listen"))) {
+      const absl::string_view rest = absl::StripPrefix(absl::StripPrefix(arg, "-"), "-listen");
+      if (absl::StartsWith(rest, "=")) {
+        listen.emplace_back(rest.substr(1));
+        continue;
       }
-      const std::string name = arg.substr(dashes, name_end - dashes);
-      if (name == "listen") {
-        if (name_end < arg.size()) {
-          listen.push_back(arg.substr(name_end + 1));
-          continue;
-        }
-        if (i + 1 < argc) {
-          listen.emplace_back(argv[++i]);
-          continue;
-        }
+      if (rest.empty() && i + 1 < args.size()) {
+        listen.push_back(std::move(args[++i]));
+        continue;
       }
     }
-    args.push_back(std::move(arg));
+    merged.push_back(std::move(arg));
   }
   if (!listen.empty()) {
-    args.insert(args.begin() + 1, absl::StrCat("--listen=", absl::StrJoin(listen, ",")));
+    merged.insert(merged.begin() + 1, absl::StrCat("--listen=", absl::StrJoin(listen, ",")));
   }
-  return args;
+  return merged;
 }
 
 // The backend's slot table and routes, as Markdown.
@@ -249,12 +239,10 @@ int Run(int argc, char** argv) {
   // is documented per class and checked by the thread-safety annotations.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(kUsage);
-  absl::FlagsUsageConfig usage_config;
   // --help lists the daemon's own flags (those of this file).
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "daemon/main.cc");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  const cli::ToolDescription tool{"flagosd", kUsage, "daemon/main.cc", TorchVersion()};
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [tool] { return cli::VersionLine(tool) + "\n"; };
   absl::SetFlagsUsageConfig(usage_config);
 
   // SIGTERM and SIGINT are taken by a dedicated thread (sigwait); block them
@@ -266,7 +254,8 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::vector<std::string> merged = NormalizeArgs(argc, argv);
+  std::vector<std::string> merged = MergeListenFlags(cli::NormalizeFlagNames(argc, argv));
+  if (std::optional<int> answered = cli::AnswerHelpOrVersion(merged, tool)) return *answered;
   std::vector<char*> merged_argv;
   for (std::string& arg : merged) merged_argv.push_back(arg.data());
   const std::vector<char*> positional =

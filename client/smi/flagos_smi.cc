@@ -21,16 +21,18 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "flagos/cli/command_line.h"
 #include "flagos/client/connection.h"
 #include "google/protobuf/util/json_util.h"
 #include "stats_table.h"
 
 ABSL_FLAG(std::string, endpoint, "",
-          "The daemon: unix:///path or host:port. Default: $FLAGOS_ENDPOINT, else "
+          "The daemon: unix:///path (or the bare /path) or host:port. Default: $FLAGOS_ENDPOINT, else "
           "unix:///run/flagosd/flagosd.sock.");
 ABSL_FLAG(bool, json, false,
           "Print the daemon's GetStats reply as JSON (one object per line with -l). Fields "
@@ -98,12 +100,29 @@ int Health(const std::string& endpoint, absl::Duration timeout) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Shows the devices, memory, utilisation and sessions of a flagosd.\n"
+  constexpr char kUsage[] =
+      "shows the devices, memory, utilisation and sessions of a flagosd.\n\n"
       "Usage: flagos-smi [--endpoint=unix:///path|host:port] [-l SECONDS [--count=N]] [--json]\n"
-      "       flagos-smi --health");
+      "       flagos-smi --health\n\n"
+      "Exit status: 0; 1 when the daemon cannot be reached (or, with --health, is not\n"
+      "serving); 2 for a bad command line.";
+  absl::SetProgramUsageMessage(kUsage);
+  // --help lists flagos-smi's own flags (those of this file); the torch is
+  // the one it was built beside (it loads none).
+  const flagos::cli::ToolDescription tool{"flagos-smi", kUsage, "smi/flagos_smi.cc",
+                                             FLAGOS_TORCH_VERSION};
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [tool] { return flagos::cli::VersionLine(tool) + "\n"; };
+  absl::SetFlagsUsageConfig(usage_config);
+  std::vector<std::string> normalized = flagos::cli::NormalizeFlagNames(argc, argv);
+  if (std::optional<int> answered = flagos::cli::AnswerHelpOrVersion(normalized, tool)) {
+    return *answered;
+  }
+  std::vector<char*> normalized_argv;
+  for (std::string& arg : normalized) normalized_argv.push_back(arg.data());
   bool bad = false;
-  std::vector<std::string> rewritten = RewriteShortLoop(argc, argv, &bad);
+  std::vector<std::string> rewritten = RewriteShortLoop(
+      static_cast<int>(normalized_argv.size()), normalized_argv.data(), &bad);
   if (bad) {
     std::fprintf(stderr, "flagos-smi: -l needs a number of seconds > 0, e.g. -l 2\n");
     return 2;

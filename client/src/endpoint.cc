@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,10 +12,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "channel_credentials.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "grpc/grpc.h"
@@ -27,6 +32,31 @@ namespace {
 // Reconnect quickly while waiting for a daemon that is starting up.
 constexpr int kReconnectBackoffMs = 100;
 constexpr int kMaxReconnectBackoffMs = 1000;
+
+constexpr absl::string_view kSystemSocketPath = "/run/flagosd/flagosd.sock";
+
+// The socket exists and a daemon may well listen on it; this user may not
+// connect. Starting another daemon there would not help: say who may.
+absl::Status SocketPermissionError(absl::string_view endpoint, const std::string& path,
+                                   const struct stat& st) {
+  std::string group = absl::StrCat(st.st_gid);
+  if (const struct group* entry = getgrgid(st.st_gid); entry != nullptr) group = entry->gr_name;
+  std::string owner = absl::StrCat(st.st_uid);
+  if (const struct passwd* entry = getpwuid(st.st_uid); entry != nullptr) owner = entry->pw_name;
+  const std::string what =
+      absl::StrCat("flagos: permission denied on ", path, " (the socket of flagosd at ", endpoint,
+                   "; owner ", owner, ", group ", group, ", mode ",
+                   absl::StrFormat("%04o", st.st_mode & 07777), "): ");
+  if ((st.st_mode & 0060) == 0060) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, "members of group ", group, " may connect: ask the node's administrator to add you "
+        "(`usermod -aG ", group, " $USER`, effective at your next login), or set "
+        "FLAGOS_ENDPOINT to a daemon you may use"));
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, "only its owner may connect: ask whoever runs that flagosd to open it to a group of "
+      "yours (--socket-mode=0660), or set FLAGOS_ENDPOINT to a daemon you may use"));
+}
 
 // Checks that a daemon listens on the unix socket at `path`: OK, or
 // UnreachableError / INVALID_ARGUMENT naming what is wrong.
@@ -62,9 +92,7 @@ absl::Status ProbeUnixSocket(absl::string_view endpoint, const std::string& path
           endpoint, absl::StrCat("connection refused: no daemon listens on ", path));
     case EACCES:
     case EPERM:
-      return UnreachableError(
-          endpoint, absl::StrCat("permission denied on ", path,
-                                 ": ask the node's administrator for access to flagosd"));
+      return SocketPermissionError(endpoint, path, st);
     default:
       return absl::OkStatus();  // e.g. EAGAIN (backlog full): gRPC retries
   }
@@ -135,15 +163,46 @@ std::string LastConnectionError(const std::shared_ptr<grpc::Channel>& channel) {
 std::optional<std::string> UnixSocketPath(absl::string_view endpoint) {
   if (absl::StartsWith(endpoint, "unix://")) return std::string(endpoint.substr(7));
   if (absl::StartsWith(endpoint, "unix:")) return std::string(endpoint.substr(5));
+  if (absl::StartsWith(endpoint, "/")) return std::string(endpoint);
   return std::nullopt;
 }
 
+namespace {
+
+// The command that starts a flagosd serving `endpoint` in a way this client
+// can connect to (flagosd refuses plaintext TCP unless --insecure-tcp on
+// loopback, and TCP anywhere else without TLS and a token).
+std::string StartCommand(absl::string_view endpoint) {
+  if (std::optional<std::string> path = UnixSocketPath(endpoint)) {
+    if (*path == kSystemSocketPath) {
+      return "`systemctl start flagosd` (the node's unit, docs/operations.md)";
+    }
+    return absl::StrCat("`flagosd --listen=unix://", *path, "`");
+  }
+  const size_t colon = endpoint.rfind(':');
+  absl::string_view host = endpoint.substr(0, colon);
+  const absl::string_view port = endpoint.substr(colon + 1);
+  if (host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.")) {
+    if (const char* ca = std::getenv("FLAGOS_TLS_CA"); ca == nullptr || *ca == '\0') {
+      // This client speaks plaintext (no FLAGOS_TLS_CA), which flagosd
+      // serves on loopback only when asked to.
+      return absl::StrCat("`flagosd --listen=", endpoint, " --insecure-tcp`");
+    }
+    return absl::StrCat("`flagosd --listen=", endpoint,
+                        " --tls-cert=CERT.pem --tls-key=KEY.pem --token-file=TOKEN` (the "
+                        "certificate chaining to FLAGOS_TLS_CA)");
+  }
+  return absl::StrCat("`flagosd --listen=0.0.0.0:", port,
+                      " --tls-cert=CERT.pem --tls-key=KEY.pem --token-file=TOKEN` on that node "
+                      "(docs/operations.md, \"A client on another node\")");
+}
+
+}  // namespace
+
 absl::Status UnreachableError(absl::string_view endpoint, absl::string_view reason) {
-  return absl::UnavailableError(
-      absl::StrCat("flagosd at ", endpoint, " is not reachable (", reason,
-                   "): start it with `flagosd --listen=", endpoint,
-                   "` (or `systemd-run --unit=flagosd flagosd`), or set FLAGOS_ENDPOINT to a "
-                   "running daemon"));
+  return absl::UnavailableError(absl::StrCat("flagosd at ", endpoint, " is not reachable (",
+                                             reason, "): start it with ", StartCommand(endpoint),
+                                             ", or set FLAGOS_ENDPOINT to a running daemon"));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToEndpoint(const std::string& endpoint,
@@ -154,10 +213,23 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToEndpoint(const std::stri
         "flagos: empty flagosd endpoint: set FLAGOS_ENDPOINT to unix:///path/to/flagosd.sock or "
         "host:port");
   }
+  std::string target = endpoint;  // as gRPC spells it
   if (std::optional<std::string> path = UnixSocketPath(endpoint)) {
+    // A bare absolute path is a unix socket too (gRPC would look it up as a
+    // host name).
+    if (absl::StartsWith(endpoint, "/")) target = absl::StrCat("unix://", endpoint);
     absl::Status probe = ProbeUnixSocket(endpoint, *path);
     if (!probe.ok()) return probe;
   } else {
+    const size_t colon = endpoint.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(endpoint.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flagos: endpoint ", endpoint, " is neither a unix socket (unix:///path/to/"
+          "flagosd.sock, or the absolute path) nor host:port: set FLAGOS_ENDPOINT (or "
+          "--endpoint) to one of those"));
+    }
     absl::Status probe = ProbeTcpEndpoint(endpoint, timeout);
     if (!probe.ok()) return probe;
   }
@@ -171,7 +243,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToEndpoint(const std::stri
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(endpoint, security->credentials, args);
+      grpc::CreateCustomChannel(target, security->credentials, args);
   const bool tcp = !UnixSocketPath(endpoint).has_value();
   while (true) {
     const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);

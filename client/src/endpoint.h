@@ -1,5 +1,5 @@
-// Reaching a flagosd endpoint: "unix:///abs/path" (or "unix:path") for a
-// daemon on this node, "host:port" for one on another node.
+// Reaching a flagosd endpoint: "unix:///abs/path" (or "unix:path", or the
+// bare absolute path "/abs/path") for a daemon on this node, "host:port" for one on another node.
 //
 // A unix socket is checked before gRPC is involved, so that a missing socket
 // or a stale one with no daemon behind it fails at once with a precise
@@ -26,7 +26,9 @@ inline constexpr int kMaxMessageBytes = 256 << 20;
 std::optional<std::string> UnixSocketPath(absl::string_view endpoint);
 
 // UNAVAILABLE: "flagosd at <endpoint> is not reachable (<reason>): start it
-// with ..., or set FLAGOS_ENDPOINT to a running daemon".
+// with <a command that serves this endpoint to this client>, or set
+// FLAGOS_ENDPOINT to a running daemon". (A socket this user may not open is
+// PERMISSION_DENIED instead, naming the socket's group.)
 absl::Status UnreachableError(absl::string_view endpoint, absl::string_view reason);
 
 // A channel to `endpoint` in state READY, or UnreachableError when it does

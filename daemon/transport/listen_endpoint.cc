@@ -73,6 +73,11 @@ absl::StatusOr<ListenEndpoint> ParseListenEndpoint(absl::string_view spec) {
   int port = 0;
   if (colon == absl::string_view::npos || !absl::SimpleAtoi(spec.substr(colon + 1), &port) ||
       port < 0 || port > 65535) {
+    if (absl::StartsWith(spec, "/")) {  // what a client may write, but a listener must not guess
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--listen ", spec, ": a unix socket is written with its scheme: --listen=unix://",
+          spec));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "--listen ", spec, ": expected unix:///path/to/socket or host:port"));
   }

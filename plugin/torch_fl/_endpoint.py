@@ -6,7 +6,10 @@
    on stderr and stopped when this process exits; ``FLAGOS_ENDPOINT`` then
    names it for this process's children. If it dies, the next session (after
    the lost one, see docs/usage.md) starts another. Its backend is
-   ``FLAGOS_BACKEND`` (``cpu`` by default; ``kunlunxin`` or ``auto``).
+   ``FLAGOS_BACKEND`` (``cpu`` by default; ``kunlunxin`` or ``auto``); its
+   cpu devices share half of the memory the host and this process's cgroup
+   can still give (``_host_memory``), so that a program that fills them gets
+   ``torch.OutOfMemoryError`` rather than the kernel's OOM killer.
 """
 from __future__ import annotations
 
@@ -22,8 +25,12 @@ from pathlib import Path
 
 import torch
 
+from . import _host_memory
+
 SYSTEM_SOCKET = "/run/flagosd/flagosd.sock"
 _START_TIMEOUT_S = 20.0
+# Devices of a private daemon's cpu backend (flagosd's default).
+PRIVATE_DEVICES = 2
 
 _lock = threading.Lock()
 _private: dict = {}
@@ -64,9 +71,9 @@ def find_daemon_binary() -> str:
     raise RuntimeError(
         "flagos: no FLAGOS_ENDPOINT is set, no system flagosd runs at "
         f"{SYSTEM_SOCKET}, and no flagosd binary was found to start a private one "
-        f"(looked at: {', '.join(candidates)}). Set FLAGOS_ENDPOINT to a running "
-        "daemon, start one with `systemd-run --unit=flagosd flagosd`, or set "
-        "FLAGOS_DAEMON to the flagosd binary."
+        f"(looked at: {', '.join(candidates)}). Set FLAGOS_DAEMON to a flagosd binary "
+        "(`scripts/build` makes build/bin/flagosd in a source tree; `pip install .` puts one "
+        "in torch_fl/bin), or FLAGOS_ENDPOINT to a running daemon."
     )
 
 
@@ -106,9 +113,11 @@ def _start_private_daemon() -> str:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (torch_lib, env.get("LD_LIBRARY_PATH", "")) if p
         )
+        device_memory = _host_memory.host_device_memory(PRIVATE_DEVICES)
         proc = subprocess.Popen(
             # A private daemon serves no /metrics (the node's may use the port).
-            [binary, f"--listen={endpoint}", f"--backend={backend}", "--metrics-listen="],
+            [binary, f"--listen={endpoint}", f"--backend={backend}", "--metrics-listen=",
+             f"--cpu-devices={PRIVATE_DEVICES}", f"--device-memory={device_memory}"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -135,7 +144,10 @@ def _start_private_daemon() -> str:
         os.environ["FLAGOS_ENDPOINT"] = endpoint
         print(
             f"torch_fl: no FLAGOS_ENDPOINT and no system flagosd at {SYSTEM_SOCKET}; "
-            f"started a private flagosd (pid {proc.pid}, backend {backend}) at {endpoint}; "
+            f"started a private flagosd (pid {proc.pid}, backend {backend}"
+            + (f", {PRIVATE_DEVICES} devices x {device_memory >> 20} MiB, half of the host's "
+               "available memory" if backend != "kunlunxin" else "")
+            + f") at {endpoint}; "
             "it stops when this program exits",
             file=sys.stderr,
             flush=True,

@@ -3,6 +3,7 @@ variables (shared by conftest.py and the tests)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -50,3 +51,31 @@ def free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def project_version() -> str:
+    """The version CMakeLists.txt gives the project (`project(flagos VERSION x.y.z ...)`)."""
+    match = re.search(r"project\(flagos VERSION ([0-9.]+)", (REPO / "CMakeLists.txt").read_text())
+    assert match, "CMakeLists.txt names no project version"
+    return match.group(1)
+
+
+def build_type() -> str:
+    """CMAKE_BUILD_TYPE of build/ (its CMakeCache.txt)."""
+    for line in (REPO / "build" / "CMakeCache.txt").read_text().splitlines():
+        if line.startswith("CMAKE_BUILD_TYPE:"):
+            return line.split("=", 1)[1]
+    raise AssertionError("build/CMakeCache.txt has no CMAKE_BUILD_TYPE")
+
+
+def help_flags(help_text: str) -> dict[str, str]:
+    """{dashed name: default} of the flags a tool's --help lists (`  --name=DEFAULT`
+    lines; --help and --version have none and map to '')."""
+    return {name: default for name, default in
+            re.findall(r"^  --([a-z][a-z0-9-]*)(?:=(.*))?$", help_text, re.M)}
+
+
+def source_flags(source: Path) -> list[str]:
+    """The dashed names of the ABSL_FLAGs defined in a source file."""
+    return [name.replace("_", "-")
+            for name in re.findall(r"ABSL_FLAG\(\s*[^,]+,\s*(\w+)\s*,", source.read_text())]

@@ -147,8 +147,11 @@ def test_the_socket_mode_keeps_other_users_out(start_daemon, read_line) -> None:
     _, report = nobodys_report(daemon.endpoint, read_line)
     assert report.get("error"), report
     path = daemon.endpoint.removeprefix("unix://")
-    assert (f"permission denied on {path}: ask the node's administrator for access to flagosd"
-            in report["error"]), report["error"]
+    assert f"permission denied on {path} " in report["error"], report["error"]
+    # Its remedy, --socket-mode=0660, is what the next test runs.
+    assert ("only its owner may connect: ask whoever runs that flagosd to open it to a group of "
+            "yours (--socket-mode=0660)" in report["error"]), report["error"]
+    assert "start it" not in report["error"], report["error"]
     assert " opened (" not in daemon.log(), daemon.log()
 
 
@@ -163,3 +166,32 @@ def test_a_bad_rule_is_refused_at_start(flagosd_binary, tmp_path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "--socket-mode=999: expected an octal file mode" in out.stderr, out.stderr
+
+
+def test_permission_denied_names_the_group_whose_members_may_connect(
+    start_daemon, read_line
+) -> None:
+    import grp
+
+    daemon = start_daemon(extra_args=["--socket-mode=0660"])
+    group = grp.getgrgid(daemon.socket.stat().st_gid)
+    _, report = nobodys_report(daemon.endpoint, read_line)
+    message = report.get("error", "")
+    assert message.startswith(f"RuntimeError: flagos: permission denied on {daemon.socket}"), report
+    # Another daemon would not help: the message says who may connect, not how to start one.
+    assert "start it" not in message, message
+    assert f"members of group {group.gr_name} may connect" in message, message
+    assert f"`usermod -aG {group.gr_name} $USER`" in message, message
+
+    # What usermod gives at the next login: nobody, with that group, connects.
+    proc = subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", f"--groups={group.gr_gid}",
+         "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search",
+         sys.executable, "-c", CLIENT],
+        env=child_env({"FLAGOS_ENDPOINT": daemon.endpoint, "HOME": "/tmp"}), cwd="/tmp",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        report = report_of(proc, read_line)
+    finally:
+        finish(proc)
+    assert report.get("sum") == 8.0, report

@@ -2,24 +2,87 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch_fl
 
-from flagos_test_env import run_backend
+from flagos_test_env import (REPO, build_type, help_flags, parse_bytes, project_version,
+                             run_backend, source_flags)
 
 MiB = 1 << 20
 
 
-def test_help_documents_the_flags(flagosd_binary: Path) -> None:
-    proc = subprocess.run(
-        [str(flagosd_binary), "--help"], capture_output=True, text=True, timeout=30
-    )
-    text = proc.stdout + proc.stderr
-    for flag in ("listen", "backend", "cpu-devices", "device-memory"):
-        assert flag in text, f"--{flag} not in flagosd --help:\n{text}"
+def run_tool(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_help_lists_every_flag_of_flagosd_and_exits_0(flagosd_binary: Path) -> None:
+    proc = run_tool(str(flagosd_binary), "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    listed = help_flags(proc.stdout)
+    own = source_flags(REPO / "daemon" / "main.cc")
+    assert own, "no ABSL_FLAG found in daemon/main.cc"
+    # Its own flags, each once, and no library's (absl's --flagfile, say).
+    assert sorted(listed) == sorted([*own, "help", "version"]), proc.stdout
+    assert listed["max-op-host-memory"] == "0"
+
+
+def test_the_help_synopsis_shows_the_defaults_the_flags_have(flagosd_binary: Path) -> None:
+    text = run_tool(str(flagosd_binary), "--help").stdout
+    listed = help_flags(text)
+    synopsis = text[text.index("Usage:"):text.index("\n\n", text.index("Usage:"))]
+    shown = re.findall(r"\[--([a-z-]+)=([^\]]*)\]", synopsis)
+    assert len(shown) >= 8, synopsis
+    for name, value in shown:
+        assert listed[name] == value, f"the synopsis shows --{name}={value}; its default is " \
+                                      f"{listed[name]}"
+
+
+def test_a_daemon_started_without_flags_has_the_defaults_help_lists(
+    flagosd_binary: Path, tmp_path: Path
+) -> None:
+    listed = help_flags(run_tool(str(flagosd_binary), "--help").stdout)
+    socket = tmp_path / "d.sock"
+    # Only what a test must set: where to listen, the cpu backend, no metrics port.
+    proc = subprocess.Popen([str(flagosd_binary), f"--listen=unix://{socket}", "--backend=cpu",
+                             "--metrics-listen="], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not socket.is_socket() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = torch_fl.daemon_stats(f"unix://{socket}")
+        assert len(stats["devices"]) == int(listed["cpu-devices"])
+        assert {d["total_memory"] for d in stats["devices"]} == {
+            parse_bytes(listed["device-memory"])}
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
+
+
+def test_version_names_the_project_version_torch_and_build_type(flagosd_binary: Path) -> None:
+    proc = run_tool(str(flagosd_binary), "--version")
+    assert proc.returncode == 0, proc.stderr
+    torch_version = torch.__version__.split("+")[0]
+    assert proc.stdout == (f"flagosd {project_version()} (torch {torch_version}, "
+                           f"{build_type()} build)\n")
+
+
+def test_flag_names_take_dashes_and_underscores_alike(flagosd_binary: Path) -> None:
+    for spelling in ("--cpu-devices=0", "--cpu_devices=0"):
+        proc = run_tool(str(flagosd_binary), "--backend=cpu", spelling, "--metrics-listen=",
+                        "--listen=unix:///nonexistent/d.sock")
+        # Parsed alike: both reach the backend's own check of the value.
+        assert proc.returncode == 1
+        assert "Unknown command line flag" not in proc.stderr, proc.stderr
+        assert "devices must be between 1 and 64, got 0" in proc.stderr, proc.stderr
 
 
 def test_stats_of_another_daemon_describe_its_configuration(start_daemon) -> None:

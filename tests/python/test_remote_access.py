@@ -148,3 +148,18 @@ def test_tcp_without_tls_or_token_is_refused_at_start(args, expected, flagosd_bi
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert expected.format(port=port) in out.stderr, out.stderr
+
+
+def test_tls_to_a_plaintext_daemon_says_to_unset_the_ca_which_then_works(
+    start_daemon, pki, run_python
+) -> None:
+    port = free_tcp_port()
+    start_daemon(extra_args=[f"--listen=127.0.0.1:{port}", "--insecure-tcp"])
+    endpoint = f"127.0.0.1:{port}"
+    out = run_remote(run_python, endpoint, FLAGOS_TLS_CA=str(pki / "ca.pem"),
+                     FLAGOS_TOKEN_FILE=str(pki / "token"))
+    assert out.returncode != 0, out.stdout
+    assert "unset FLAGOS_TLS_CA for a daemon started with --insecure-tcp" in out.stderr, out.stderr
+    # The advice, followed (a token is never sent in plaintext: it goes too).
+    ok = run_remote(run_python, endpoint)
+    assert ok.returncode == 0, ok.stderr

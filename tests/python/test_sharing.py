@@ -267,3 +267,17 @@ print(r.stdout.strip())
 """, env={"FLAGOS_ENDPOINT": daemon.endpoint}, timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == f"IMPORTED {2 << 20}", proc.stdout
+
+
+def test_flagos_tensors_are_shared_and_share_memory_is_a_no_op_as_for_cuda() -> None:
+    # docs/usage.md, "Sharing tensors between processes".
+    import torch
+    import torch_fl  # noqa: F401
+
+    x = torch.arange(4.0, device="flagos")
+    assert x.is_shared() is True
+    assert torch.arange(4.0).is_shared() is False  # a CPU tensor, for contrast
+    ptr = x.data_ptr()
+    assert x.share_memory_() is x
+    assert x.data_ptr() == ptr
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]

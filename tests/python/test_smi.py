@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 import torch_fl
 
-from flagos_test_env import run_backend
+from flagos_test_env import (REPO, build_type, help_flags, project_version, run_backend,
+                             source_flags)
 
 SMI = Path(__file__).resolve().parents[2] / "build" / "bin" / "flagos-smi"
 
@@ -109,3 +110,44 @@ def test_unreachable_daemon_is_exit_1_with_a_message() -> None:
     out = smi(endpoint="unix:///nonexistent/flagosd.sock")
     assert out.returncode == 1
     assert "unix:///nonexistent/flagosd.sock is not reachable" in out.stderr
+
+
+def test_help_lists_every_flag_of_flagos_smi_and_exits_0() -> None:
+    out = smi("--help")
+    assert out.returncode == 0, out.stderr
+    assert "No flags matched" not in out.stdout
+    listed = help_flags(out.stdout)
+    own = source_flags(REPO / "client" / "smi" / "flagos_smi.cc")
+    assert sorted(listed) == sorted([*own, "help", "version"]), out.stdout
+    # The defaults the code has.
+    assert listed["timeout-ms"] == "2000"
+    assert listed["json"] == "false"
+
+
+def test_version_names_the_project_version_torch_and_build_type() -> None:
+    out = smi("--version")
+    assert out.returncode == 0, out.stderr
+    torch_version = torch.__version__.split("+")[0]
+    assert out.stdout == (f"flagos-smi {project_version()} (torch {torch_version}, "
+                          f"{build_type()} build)\n")
+
+
+def test_flag_names_take_dashes_and_underscores_alike(endpoint: str) -> None:
+    for spelling in ("--timeout-ms=5000", "--timeout_ms=5000"):
+        out = smi(spelling, "--json", endpoint=endpoint)
+        assert out.returncode == 0, (spelling, out.stderr)
+        assert json.loads(out.stdout)["devices"], out.stdout
+
+
+def test_a_bare_socket_path_is_a_unix_endpoint(endpoint: str) -> None:
+    path = endpoint.removeprefix("unix://")
+    assert path.startswith("/")
+    out = smi(f"--endpoint={path}", "--health")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "SERVING"
+
+
+def test_only_flag_names_are_rewritten_not_their_values() -> None:
+    out = smi("--endpoint=/nonexistent/a-b/c-d.sock", "--timeout-ms=500")
+    assert out.returncode == 1
+    assert "no such socket: /nonexistent/a-b/c-d.sock" in out.stderr, out.stderr

@@ -176,6 +176,16 @@ TEST(ParseListenEndpointTest, TcpWithoutAValidPortIsRefused) {
   ExpectRefused("");
 }
 
+TEST(ParseListenEndpointTest, ABarePathIsRefusedWithTheSpellingThatWorks) {
+  absl::StatusOr<ListenEndpoint> endpoint = ParseListenEndpoint("/tmp/flagos/d.sock");
+  ASSERT_FALSE(endpoint.ok());
+  EXPECT_EQ(endpoint.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(endpoint.status().message(),
+            "--listen /tmp/flagos/d.sock: a unix socket is written with its scheme: "
+            "--listen=unix:///tmp/flagos/d.sock");
+  EXPECT_TRUE(ParseOk("unix:///tmp/flagos/d.sock").unix_path == "/tmp/flagos/d.sock");
+}
+
 // ---- the socket file
 
 class UnixSocketFileTest : public ::testing::Test {
