@@ -31,6 +31,11 @@
 // and none for returns the client already holds (written in place, or
 // copied into `outputs`).
 //
+// Which operators are served at all is op_servability.h's (and
+// `flagosd --list-served-ops`). The pieces of a call live in files of their
+// own: op_call_context.h, op_argument_decoder.h, op_result_encoder.h,
+// op_out_variant.h, op_generators.h, held_results.h.
+//
 // This header does not include ATen; op_runner.cc does.
 //
 // Thread safety: Register and Run may be called concurrently.
@@ -48,12 +53,6 @@
 #include "ops/op_limits.h"
 
 namespace flagos::daemon {
-
-// Every operator in flagosd's torch (all namespaces, every overload), one per
-// line sorted by name: "<name.overload>\tserved" or "<name.overload>\trefused\t
-// <why>", by the rule register_op applies (`flagosd --list-served-ops`;
-// docs/reference/served-operators.md is generated from it).
-std::string ListServedOps();
 
 class OpRunner {
  public:
