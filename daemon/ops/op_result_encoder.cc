@@ -18,6 +18,7 @@
 namespace flagos::daemon {
 namespace {
 
+using TypePtr = c10::TypePtr;
 using c10::TypeKind;
 
 // How a return's type is handed back to the client.

@@ -410,6 +410,8 @@ class OpRunnerImpl final : public OpRunner {
   const Backend& backend_;
   const OpLimits limits_;
   HeldResults held_{kMaxHeldResults};
+  // A leaf (op_runner.h, "Lock order"): held only to insert into or read
+  // ops_, never across a call.
   absl::Mutex mu_;
   // Entries are never removed: pointers to them stay valid.
   absl::flat_hash_map<uint32_t, std::unique_ptr<RegisteredOp>> ops_ ABSL_GUARDED_BY(mu_);
