@@ -31,7 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "transport/listen_endpoint.h"
 #include "logging.h"
-#include "ops/op_runner.h"
+#include "ops/op_servability.h"
 #include "transport/server.h"
 #include "observability/health_check.h"
 #include "observability/stalled_shutdown_guard.h"

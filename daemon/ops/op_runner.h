@@ -31,9 +31,28 @@
 // and none for returns the client already holds (written in place, or
 // copied into `outputs`).
 //
+// Which operators are served at all is op_servability.h's (and
+// `flagosd --list-served-ops`). The pieces of a call live in files of their
+// own: op_call_context.h, op_argument_decoder.h, op_result_encoder.h,
+// op_out_variant.h, op_generators.h, held_results.h.
+//
 // This header does not include ATen; op_runner.cc does.
 //
-// Thread safety: Register and Run may be called concurrently.
+// Thread safety: Register, Run, RouteOf and PlaceResult may be called
+// concurrently.
+//
+// Lock order: the session calls Run and PlaceResult holding its memory_mu_
+// for reading (and its dispatch_mu_ too when the sync channel's thread runs
+// a command itself), and Register holding its dispatch_mu_
+// (sessions/session.h).
+// The runner's own locks come after it and are leaves: the registry's
+// (held to insert or find an op), HeldResults' (to keep or take a
+// result), and the daemon-wide default-generator lock (op_generators.h,
+// held across one random op's kernel: CPU work, which takes ATen's
+// generator mutex and may wait for ATen's intra-op threads). None of them
+// is held while another lock of the daemon is taken, and none while
+// waiting for the device (the cpu_fallback route's Fetch, PlaceResult's
+// SynchronizeStream).
 #ifndef FLAGOS_DAEMON_OPS_OP_RUNNER_H_
 #define FLAGOS_DAEMON_OPS_OP_RUNNER_H_
 
@@ -48,12 +67,6 @@
 #include "ops/op_limits.h"
 
 namespace flagos::daemon {
-
-// Every operator in flagosd's torch (all namespaces, every overload), one per
-// line sorted by name: "<name.overload>\tserved" or "<name.overload>\trefused\t
-// <why>", by the rule register_op applies (`flagosd --list-served-ops`;
-// docs/reference/served-operators.md is generated from it).
-std::string ListServedOps();
 
 class OpRunner {
  public:
