@@ -9,7 +9,11 @@ const std::vector<KernelFact>& CpuKernelFacts() {
   // auxiliary outputs differently; layer and group norm keep their
   // statistics in the input's dtype; multilabel_margin_loss_forward returns
   // a 0-dimensional loss for a 1-dimensional input without reduction (the
-  // meta function: one element).
+  // meta function: one element). With operands of mixed dtypes, three kernels
+  // return another dtype than their meta functions (found by
+  // scripts/mixed-sweep): addr's result takes a 0-dim `self`'s dtype, where
+  // the meta function ignores it; huber_loss and normal(Tensor, Tensor)
+  // return their first operand's dtype, where the meta function promotes.
   static const std::vector<KernelFact>* const facts = new std::vector<KernelFact>{
       {"aten::_embedding_bag", /*always=*/true, false, false},
       {"aten::multilabel_margin_loss_forward", true, false, false},
@@ -21,6 +25,9 @@ const std::vector<KernelFact>& CpuKernelFacts() {
       {"aten::_native_batch_norm_legit_no_training", true, false, false},
       {"aten::_batch_norm_no_update", true, false, false},
       {"aten::_batch_norm_with_update", false, true, false},
+      {"aten::addr", false, false, false, /*mixed_dtype_operands=*/true},
+      {"aten::huber_loss", false, false, false, true},
+      {"aten::normal", false, false, false, true},
   };
   return *facts;
 }

@@ -45,17 +45,22 @@ void ForEachTensor(const c10::IValue& v, F&& f) {
 }
 
 // The flagos device of the call. As on CUDA, a CPU tensor may join a flagos
-// operation only as a 0-dim value (or as indices of advanced indexing);
-// anything else is a device mismatch.
+// operation only as a 0-dim value read by it (or as indices of advanced
+// indexing); anything else is a device mismatch. A CPU tensor the op writes
+// (in place, out=), even a 0-dim one, is one too: the daemon cannot write
+// it, and CUDA refuses it the same way.
 int FindDevice(const OpTraits& traits, Args args) {
   int found = -1;
   bool host_operand = false;
-  for (const c10::IValue& a : args) {
-    ForEachTensor(a, [&](const at::Tensor& t) {
+  bool host_written = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool written = i < traits.written.size() && traits.written[i];
+    ForEachTensor(args[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       const c10::Device device = t.device();
       if (device.type() != kFlagos) {
         host_operand |= device.is_cpu() && t.dim() > 0;
+        host_written |= written;
         return;
       }
       int d = device.index();
@@ -66,6 +71,10 @@ int FindDevice(const OpTraits& traits, Args args) {
     });
   }
   if (found >= 0) {
+    TORCH_CHECK(!host_written,
+                "Expected all tensors to be on the same device, but found at least two "
+                "devices, flagos:", found, " and cpu! (", traits.name,
+                " writes a CPU tensor; move it with .to(\"flagos\"), or compute on the CPU)");
     TORCH_CHECK(!host_operand || traits.allows_host_operands,
                 "Expected all tensors to be on the same device, but found at least two "
                 "devices, flagos:", found, " and cpu! (", traits.name,

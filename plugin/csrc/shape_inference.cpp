@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -232,17 +233,22 @@ Cache& GlobalCache() {
   return *cache;
 }
 
-// A meta kernel written in Python that cannot infer a call raises
-// NotImplementedError (e.g. boolean-mask indexing, whose output size depends
-// on the data), or AttributeError where it does not handle an argument the
-// schema allows (torch 2.13's _thnn_fused_lstm_cell meta reads the device of
-// a bias that is None). Either way the kernel itself decides, synchronously.
+// Whatever a meta kernel raises, the kernel itself decides, synchronously:
+// flagosd runs the kernel, and a program must see what that kernel does, not
+// what the meta function (which follows CUDA, or is a Python reference)
+// says. They differ: a meta function written in Python that cannot infer a
+// call raises NotImplementedError (boolean-mask indexing, whose output size
+// depends on the data) or AttributeError where it does not handle an argument
+// the schema allows (torch 2.13's _thnn_fused_lstm_cell meta reads the device
+// of a bias that is None); and some refuse what the kernel takes
+// (torch.where's reference refuses a uint8 condition, which the CPU kernel
+// accepts). docs/reference/mixed-operands.md is the sweep that finds these.
+// Only Python's non-exceptions (KeyboardInterrupt, SystemExit) propagate.
 bool MetaCannotInfer(PyObject* type) {
-  return type != nullptr && (PyErr_GivenExceptionMatches(type, PyExc_NotImplementedError) != 0 ||
-                             PyErr_GivenExceptionMatches(type, PyExc_AttributeError) != 0);
+  return type != nullptr && PyErr_GivenExceptionMatches(type, PyExc_Exception) != 0;
 }
 
-bool IsPythonNotImplemented(python_error& e) {
+bool PythonMetaCannotInfer(python_error& e) {
   e.persist();
   pybind11::gil_scoped_acquire gil;
   return MetaCannotInfer(e.type);
@@ -259,14 +265,14 @@ std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
   try {
     at::AutoDispatchBelowADInplaceOrView guard;
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
-  } catch (const c10::NotImplementedError&) {
-    return nullptr;  // no meta kernel: ask the daemon
+  } catch (const c10::Error&) {
+    return nullptr;  // no meta kernel, or one that refuses: ask the daemon's kernel
   } catch (pybind11::error_already_set& e) {
     pybind11::gil_scoped_acquire gil;
     if (!MetaCannotInfer(e.type().ptr())) throw;
     return nullptr;
   } catch (python_error& e) {
-    if (!IsPythonNotImplemented(e)) throw;
+    if (!PythonMetaCannotInfer(e)) throw;
     return nullptr;
   }
   auto inferred = std::make_shared<InferredCall>();
@@ -287,11 +293,23 @@ std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 // for each overload, the facts of the kernels its route runs; for ATen's
 // CPU kernels: batch norm's saved statistics in reduced precision and in
 // eval mode, _embedding_bag's auxiliary outputs, layer and group norm's
-// statistics in reduced precision).
+// statistics in reduced precision, the dtypes of addr, huber_loss and
+// normal with operands of mixed dtypes).
 bool FirstArgumentInReducedPrecision(c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isTensor()) return false;
   c10::ScalarType dtype = args[0].toTensor().scalar_type();
   return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+}
+
+bool TensorDtypesDiffer(c10::ArrayRef<c10::IValue> args) {
+  std::optional<c10::ScalarType> first;
+  for (const c10::IValue& a : args) {
+    if (!a.isTensor() || !a.toTensor().defined()) continue;
+    const c10::ScalarType dtype = a.toTensor().scalar_type();
+    if (first.has_value() && *first != dtype) return true;
+    first = dtype;
+  }
+  return false;
 }
 
 // The daemon's kernel facts, read once from the session's handshake.
@@ -328,6 +346,7 @@ bool MetaDisagreesWithTheKernel(const OpTraits& traits, c10::ArrayRef<c10::IValu
   if (fact == nullptr) return false;
   if (fact->always()) return true;
   if (fact->reduced_precision_input() && FirstArgumentInReducedPrecision(args)) return true;
+  if (fact->mixed_dtype_operands() && TensorDtypesDiffer(args)) return true;
   if (fact->eval_mode()) {
     const int training = traits.training_argument;
     if (training >= 0 && static_cast<size_t>(training) < args.size() &&

@@ -470,6 +470,7 @@ TEST_F(ServerTest, KernelFactsFollowTheRoute) {
     EXPECT_EQ(fact.always(), CpuKernelFacts()[i].always);
     EXPECT_EQ(fact.reduced_precision_input(), CpuKernelFacts()[i].reduced_precision_input);
     EXPECT_EQ(fact.eval_mode(), CpuKernelFacts()[i].eval_mode);
+    EXPECT_EQ(fact.mixed_dtype_operands(), CpuKernelFacts()[i].mixed_dtype_operands);
     EXPECT_EQ(fact.overloads_size(), 0) << fact.op();
   }
 }

@@ -93,6 +93,19 @@ class Copier:
         return v
 
 
+def map_tensors(v: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`v` with fn applied to every tensor in it (lists, tuples, dicts; namedtuples become tuples)."""
+    if isinstance(v, torch.Tensor):
+        return fn(v)
+    if isinstance(v, list):
+        return [map_tensors(x, fn) for x in v]
+    if isinstance(v, tuple):
+        return tuple(map_tensors(x, fn) for x in v)
+    if isinstance(v, dict):
+        return {k: map_tensors(x, fn) for k, x in v.items()}
+    return v
+
+
 def to_cpu(v: Any) -> Any:
     """The output structure with every tensor on the CPU (namedtuples become tuples)."""
     if isinstance(v, torch.Tensor):

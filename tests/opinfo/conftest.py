@@ -22,7 +22,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from driver import DaemonHandle, Sweeper, signal_name  # noqa: E402
-from families import MODULE_SUBSET_MAX_SAMPLES  # noqa: E402
+from families import MIXED_SUBSET_MAX_SAMPLES, MODULE_SUBSET_MAX_SAMPLES  # noqa: E402
 
 SUBSET_MAX_SAMPLES = 8  # as scripts/op-sweep
 SUBSET_TIMEOUT_S = 60.0  # per (entry, dtype) for operators, per sample for modules (as the sweeps)
@@ -65,5 +65,15 @@ def module_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper
     assert _daemon is not None
     s = Sweeper(_daemon, tmp_path_factory.mktemp("module-logs"), MODULE_SUBSET_MAX_SAMPLES, SUBSET_TIMEOUT_S,
                 suite="modules", per_sample=True)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def mixed_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper]:
+    """Runs OpInfo entries of the mixed-operand sweep against the run's flagosd."""
+    assert _daemon is not None
+    s = Sweeper(_daemon, tmp_path_factory.mktemp("mixed-logs"), MIXED_SUBSET_MAX_SAMPLES, SUBSET_TIMEOUT_S,
+                suite="mixed")
     yield s
     s.close()

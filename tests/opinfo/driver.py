@@ -61,7 +61,8 @@ STARTUP_TIMEOUT_S = 120.0  # importing torch and op_db on a busy machine
 PING_TIMEOUT_S = 60.0
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_SAMPLES = 8
-SUITE_NAMES = {"ops": "OpInfo entries", "modules": "ModuleInfo entries"}
+SUITE_NAMES = {"ops": "OpInfo entries", "modules": "ModuleInfo entries", "mixed": "OpInfo entries with mixed operands",
+               "mixed-modules": "ModuleInfo entries with mixed operands"}
 
 
 class WorkerDied(Exception):

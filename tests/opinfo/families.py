@@ -183,3 +183,17 @@ def family_of(entry: str, subset: dict[str, tuple[str, ...]] = SUBSET) -> str | 
         if entry in entries:
             return family
     return None
+
+
+# The CI subset of the mixed-operand sweep (tests/opinfo/test_mixed_subset.py):
+# entries where meta functions and CPU kernels disagreed (now handled: where,
+# addr, huber_loss, normal) and, by family, entries that take mixed operands.
+MIXED_SUBSET: dict[str, tuple[str, ...]] = {
+    "meta and kernel disagreed": ("where", "addr", "nn.functional.huber_loss", "normal"),
+    "elementwise": ("add", "mul", "div", "lerp", "addcmul", "clamp", "pow", "masked_fill"),
+    "indexing": ("index_select", "gather", "index_put", "scatter_add", "take_along_dim"),
+    "linear algebra": ("matmul", "addmm", "baddbmm"),
+    "losses": ("nn.functional.mse_loss", "nn.functional.cross_entropy", "nn.functional.nll_loss"),
+}
+MIXED_SUBSET_MAX_SAMPLES = 4  # as scripts/mixed-sweep
+

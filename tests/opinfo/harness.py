@@ -38,7 +38,7 @@ from torch.testing._internal.common_methods_invocations import (
 )
 from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
-from compare import Copier, Plan, gradients, grad_leaves, to_cpu
+from compare import Copier, Plan, gradients, grad_leaves, map_tensors, to_cpu
 from families import CPU_ARGS, is_random_sample
 from results import ERROR, SWEEP_DTYPES, WIDER_REFERENCE, entry_key
 
@@ -109,19 +109,6 @@ def copy_sample(s: SampleInput, device: str, entry: str = "") -> SampleInput:
 
 
 # ------------------------------------------------------------------ CUDA's extra dtypes
-
-
-def map_tensors(v: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """`v` with fn applied to every tensor in it (lists, tuples, dicts; namedtuples become tuples)."""
-    if isinstance(v, torch.Tensor):
-        return fn(v)
-    if isinstance(v, list):
-        return [map_tensors(x, fn) for x in v]
-    if isinstance(v, tuple):
-        return tuple(map_tensors(x, fn) for x in v)
-    if isinstance(v, dict):
-        return {k: map_tensors(x, fn) for k, x in v.items()}
-    return v
 
 
 def widened(s: SampleInput, dtype: torch.dtype, wide: torch.dtype) -> SampleInput:

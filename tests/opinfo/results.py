@@ -33,7 +33,14 @@ DIRECTIONS: tuple[str, ...] = (FORWARD, BACKWARD)
 # The module sweep's modes (module.train(), module.eval()), in report order.
 TRAIN = "train"
 EVAL = "eval"
-MODES: tuple[str, ...] = ("", TRAIN, EVAL)
+MIXED_DTYPE = "mixed-dtype"
+INPUT_DTYPE = "input-dtype"
+CPU_SCALAR = "cpu-scalar"
+CONSTRUCTOR_DTYPE = "constructor-dtype"
+CPU_BUFFERS = "cpu-buffers"
+# Every suite's modes, in report order: operators have none, modules train and
+# eval, the mixed-operand sweep its variants.
+MODES: tuple[str, ...] = ("", TRAIN, EVAL, MIXED_DTYPE, INPUT_DTYPE, CONSTRUCTOR_DTYPE, CPU_SCALAR, CPU_BUFFERS)
 
 # The dtypes the sweep tries, in report order.
 SWEEP_DTYPES: tuple[str, ...] = (

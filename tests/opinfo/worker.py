@@ -1,9 +1,10 @@
 """The sweeps' child process: runs entries of one suite on request, reports as JSON lines.
 
-    python3 tests/opinfo/worker.py --result-fd N [--suite ops|modules]
+    python3 tests/opinfo/worker.py --result-fd N [--suite ops|modules|mixed]
 
-The suite: "ops" (OpInfo entries, harness.py) or "modules" (ModuleInfo
-entries, module_harness.py); each gives all_entries, plan, supported,
+The suite: "ops" (OpInfo entries, harness.py), "modules" (ModuleInfo
+entries, module_harness.py) or "mixed" (OpInfo samples with operands of
+mixed dtypes and devices, mixed_harness.py); each gives all_entries, plan, supported,
 samples, DTYPES, SAMPLE_SOURCE and error_verdict, and compare.compare_samples
 runs a unit's samples on both devices. Reads one JSON request per line on stdin and
 writes JSON events to file descriptor N (stdout and stderr are left to torch,
@@ -50,7 +51,8 @@ import torch  # noqa: E402
 from compare import compare_samples, tolerances  # noqa: E402
 from results import Outcome  # noqa: E402
 
-SUITES = {"ops": "harness", "modules": "module_harness"}
+SUITES = {"ops": "harness", "modules": "module_harness", "mixed": "mixed_harness",
+          "mixed-modules": "module_mixed_harness"}
 
 
 class Events:

@@ -413,6 +413,24 @@ def test_non_scalar_cpu_tensor_with_a_flagos_tensor_is_a_device_error() -> None:
         torch.ones(3, device=FL) + torch.ones(3)
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda cpu, fl: cpu.mul_(fl),  # a 0-dim CPU tensor written in place (torch's BCE-with-logits does this)
+        lambda cpu, fl: cpu.add_(fl),
+        lambda cpu, fl: torch.mul(fl, fl, out=cpu),
+    ],
+    ids=["mul_", "add_", "mul-out"],
+)
+def test_a_cpu_tensor_a_flagos_op_would_write_is_a_device_error(write) -> None:
+    # Found by scripts/mixed-sweep: the daemon cannot write a CPU tensor, and the
+    # result was silently lost (0-dim CPU tensor unchanged). CUDA refuses it too.
+    cpu = torch.tensor(3.0)
+    with pytest.raises(RuntimeError, match="same device.*writes a CPU tensor"):
+        write(cpu, torch.tensor(2.0, device=FL))
+    assert cpu.item() == 3.0
+
+
 # ------------------------------------------------------------------ losses
 
 LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {

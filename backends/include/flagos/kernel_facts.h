@@ -22,6 +22,7 @@ struct KernelFact {
   bool always = false;
   bool reduced_precision_input = false;  // first argument float16 / bfloat16
   bool eval_mode = false;                // the op's `training` argument is false
+  bool mixed_dtype_operands = false;     // its tensor arguments are not all of one dtype
   // The overloads it holds for ("" names the default overload); empty:
   // every overload. Set by the daemon when routes differ between an op's
   // overloads; a backend's own facts leave it empty.
