@@ -101,6 +101,12 @@ ABSL_FLAG(std::string, op_route, "",
           "Route every operator this way instead of by the backend's ops.conf: native or "
           "cpu_fallback. For testing: --backend=cpu --op-route=cpu_fallback runs the "
           "daemon's copy-to-host route that a non-host-addressable device takes.");
+ABSL_FLAG(std::vector<std::string>, decompose_ops, {},
+          "Composite operators (comma-separated, as aten::op.overload; no overload for the "
+          "default one) not to run as one call: they are left out of the composite operators "
+          "flagosd reports at the handshake, so clients decompose them into the operators they "
+          "are made of, each on its own route. For a backend whose native kernels for those "
+          "beat the composite's cpu_fallback, and for testing. Default: none.");
 ABSL_FLAG(int, cpu_devices, 2, "Number of emulated devices of the cpu backend (1..64).");
 ABSL_FLAG(flagos::daemon::ByteSize, device_memory, flagos::daemon::ByteSize{8ull << 30},
           "Memory of each cpu-backend device: bytes, or a number with suffix K, KiB, M, MiB, G, "
@@ -268,6 +274,7 @@ int Run(int argc, char** argv) {
   BackendOptions backend_options;
   backend_options.name = absl::GetFlag(FLAGS_backend);
   backend_options.force_route = absl::GetFlag(FLAGS_op_route);
+  backend_options.decompose_ops = absl::GetFlag(FLAGS_decompose_ops);
   backend_options.cpu_devices = absl::GetFlag(FLAGS_cpu_devices);
   backend_options.device_memory = absl::GetFlag(FLAGS_device_memory).bytes;
   // Test-only (tests/python/test_backend_auto.py): where --backend=auto

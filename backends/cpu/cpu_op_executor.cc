@@ -1,6 +1,7 @@
 #include "cpu_op_executor.h"
 
 #include "cpu_dtype_widening.h"
+#include "cpu_kernel_facts.h"
 #include "fused_rnn_kernels.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -45,6 +46,12 @@ std::string OpName(const c10::OperatorHandle& op) {
 }  // namespace
 
 c10::Device CpuOpExecutor::AtenDevice(int /*device*/) const { return c10::Device(c10::kCPU); }
+
+bool CpuOpExecutor::HasKernel(const c10::OperatorHandle& op) const {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+}
+
+const std::vector<KernelFact>& CpuOpExecutor::kernel_facts() const { return CpuKernelFacts(); }
 
 at::Tensor CpuOpExecutor::WrapDeviceMemory(int /*device*/, DevicePtr ptr, c10::IntArrayRef sizes,
                                            c10::IntArrayRef strides, c10::ScalarType dtype) {

@@ -25,6 +25,11 @@ class CpuOpExecutor final : public OpExecutor {
   // `stream` only orders it after the caller's earlier calls.
   absl::Status Call(int device, StreamHandle stream, const c10::OperatorHandle& op,
                     torch::jit::Stack* stack) override;
+  // ATen's CPU kernel for `op` (registered for DispatchKey::CPU itself, not
+  // a composite implementation).
+  bool HasKernel(const c10::OperatorHandle& op) const override;
+  // CpuKernelFacts() (cpu_kernel_facts.h).
+  const std::vector<KernelFact>& kernel_facts() const override;
 };
 
 std::unique_ptr<OpExecutor> CreateCpuOpExecutor();

@@ -9,9 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cpu_kernel_facts.h"
 #include "cpu_op_executor.h"
 #include "cpu_runtime.h"
+#include "execution/composite_ops.h"
+#include "execution/route_kernel_facts.h"
 #include "flagos/op_executor.h"
 #include "kunlunxin_runtime.h"
 #include "logging.h"
@@ -42,12 +43,15 @@ absl::StatusOr<OpRoutes> RoutesFor(absl::string_view backend, const BackendOptio
 
 Backend::Backend(std::string name, std::unique_ptr<DeviceRuntime> runtime,
                  std::unique_ptr<OpExecutor> native, std::unique_ptr<OpExecutor> host,
-                 OpRoutes routes)
+                 OpRoutes routes, std::vector<KernelFact> kernel_facts,
+                 std::vector<std::string> composite_ops)
     : name_(std::move(name)),
       runtime_(std::move(runtime)),
       native_(std::move(native)),
       host_(std::move(host)),
-      routes_(std::move(routes)) {}
+      routes_(std::move(routes)),
+      kernel_facts_(std::move(kernel_facts)),
+      composite_ops_(std::move(composite_ops)) {}
 
 Backend::~Backend() = default;
 
@@ -112,15 +116,19 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
         "backends/", name, "/ops.conf routes operators native but the ", name,
         " backend has no native kernels in this flagosd; route them cpu_fallback"));
   }
+  std::unique_ptr<OpExecutor> host = CreateCpuOpExecutor();
+  // The facts and composite operators of the kernels each route runs: the
+  // cpu backend's native kernels are ATen CPU's, like the cpu_fallback
+  // route's that every kunlunxin operator takes today.
+  std::vector<KernelFact> facts =
+      RouteKernelFacts(*routes, native == nullptr ? nullptr : &native->kernel_facts(),
+                       host->kernel_facts(), &OverloadsOf);
+  absl::StatusOr<std::vector<std::string>> composite_ops =
+      CompositeOpsRunWhole(*routes, native.get(), *host, options.decompose_ops);
+  if (!composite_ops.ok()) return composite_ops.status();
   return std::unique_ptr<Backend>(new Backend(name, std::move(runtime), std::move(native),
-                                              CreateCpuOpExecutor(), *std::move(routes)));
-}
-
-const std::vector<KernelFact>& Backend::kernel_facts() const {
-  // Both backends run ATen's CPU kernels today: the cpu backend natively,
-  // the kunlunxin backend through cpu_fallback. A backend with native
-  // kernels of its own adds their facts for the ops routed to them.
-  return CpuKernelFacts();
+                                              std::move(host), *std::move(routes),
+                                              std::move(facts), *std::move(composite_ops)));
 }
 
 std::string TorchVersion() { return TORCH_VERSION; }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "flagos/kernel_facts.h"
@@ -39,6 +40,10 @@ struct BackendOptions {
   // that a kunlunxin runtime that does not load is an error, not emulation
   // on the CPU. Tests point it elsewhere (FLAGOS_XPU_DEVICE_GLOB, test-only).
   std::string xpu_device_glob = kXpuDeviceGlob;
+  // Composite operators not to run as one call ("aten::op.overload";
+  // flagosd --decompose-ops): left out of composite_ops(), so clients
+  // decompose them (execution/composite_ops.h).
+  std::vector<std::string> decompose_ops;
 };
 
 class Backend {
@@ -66,19 +71,27 @@ class Backend {
   // ATen's CPU kernels over host memory (the cpu_fallback route).
   OpExecutor& host_executor() const { return *host_; }
   const OpRoutes& routes() const { return routes_; }
-  // What its kernels return that their meta functions do not say (sent to
-  // clients at the handshake).
-  const std::vector<KernelFact>& kernel_facts() const;
+  // What the kernels of each operator's route return that their meta
+  // functions do not say: the native kernels' facts for the overloads
+  // routed native, ATen CPU's for those routed cpu_fallback
+  // (route_kernel_facts.h). Sent to clients at the handshake.
+  const std::vector<KernelFact>& kernel_facts() const { return kernel_facts_; }
+  // The composite operators it runs as one call, sorted (composite_ops.h).
+  // Sent to clients at the handshake; they decompose every other one.
+  const std::vector<std::string>& composite_ops() const { return composite_ops_; }
 
  private:
   Backend(std::string name, std::unique_ptr<DeviceRuntime> runtime,
-          std::unique_ptr<OpExecutor> native, std::unique_ptr<OpExecutor> host, OpRoutes routes);
+          std::unique_ptr<OpExecutor> native, std::unique_ptr<OpExecutor> host, OpRoutes routes,
+          std::vector<KernelFact> kernel_facts, std::vector<std::string> composite_ops);
 
   const std::string name_;
   const std::unique_ptr<DeviceRuntime> runtime_;
   const std::unique_ptr<OpExecutor> native_;
   const std::unique_ptr<OpExecutor> host_;
   const OpRoutes routes_;
+  const std::vector<KernelFact> kernel_facts_;
+  const std::vector<std::string> composite_ops_;
 };
 
 // The version of the torch flagosd was built against ("2.13.0").

@@ -139,7 +139,10 @@ grpc::Status FlagosService::Negotiate(grpc::ServerContext* /*context*/,
     out->set_reduced_precision_input(fact.reduced_precision_input);
     out->set_eval_mode(fact.eval_mode);
     out->set_mixed_dtype_operands(fact.mixed_dtype_operands);
+    for (const std::string& overload : fact.overloads) out->add_overloads(overload);
   }
+  v1::CompositeOps* composite_ops = response->mutable_composite_ops();
+  for (const std::string& op : backend_.composite_ops()) composite_ops->add_ops(op);
   AddDevices(response->mutable_devices());
   return grpc::Status::OK;
 }

@@ -17,7 +17,6 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -304,8 +303,8 @@ void RunCall(const c10::OperatorHandle& op, const OpTraits& traits, Args args,
   }
 }
 
-void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const OpTraits& traits = TraitsOf(op);
+void FlagosFallbackWith(const c10::OperatorHandle& op, const OpTraits& traits,
+                        torch::jit::Stack* stack) {
   const size_t nargs = traits.written.size();
   // The arguments stay on the stack until the results replace them.
   const Args args(stack->data() + (stack->size() - nargs), nargs);
@@ -315,10 +314,19 @@ void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (c10::IValue& r : results) stack->push_back(std::move(r));
 }
 
+void FlagosFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  FlagosFallbackWith(op, TraitsOf(op), stack);
+}
+
 }  // namespace
 
 void RunOnDaemon(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   FlagosFallback(op, stack);
+}
+
+void RunOnDaemon(const c10::OperatorHandle& op, const OpTraits& traits,
+                 torch::jit::Stack* stack) {
+  FlagosFallbackWith(op, traits, stack);
 }
 
 void RunOnDaemonUnboxed(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
@@ -327,36 +335,6 @@ void RunOnDaemonUnboxed(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
   TORCH_CHECK(args.size() == traits.written.size(), "flagos: internal: ", traits.describe,
               " takes ", traits.written.size(), " arguments, got ", args.size());
   RunCall(op, traits, args, /*written_results=*/false, results);
-}
-
-int ForwardOpsWithCpuKernels() {
-  static int forwarded = [] {
-    const char* disabled = std::getenv("FLAGOS_COMPOSITE_OPS");
-    if (disabled != nullptr && std::string(disabled) == "decompose") return 0;
-    // Kept for the life of the process, like every registration.
-    auto* library = new torch::Library(torch::Library::IMPL, "aten",
-                                       c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-    int count = 0;
-    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
-      if (!op.has_value() || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-        continue;
-      }
-      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
-        continue;
-      }
-      std::string qualified = name.name.substr(6);
-      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
-      library->impl(qualified.c_str(),
-                    torch::CppFunction::makeFromBoxedFunction<&FlagosFallback>());
-      ++count;
-    }
-    return count;
-  }();
-  return forwarded;
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -8,10 +8,14 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 
+#include "op_schema.h"
+
 namespace torch_fl {
 
 // Runs `op` on flagos: arguments on `stack` in, returns out.
 void RunOnDaemon(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The same with `op`'s traits (TraitsOf) at hand.
+void RunOnDaemon(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack);
 
 // The same for an explicit (unboxed) kernel, without a stack: `args` (all of
 // the schema's, in order) may hold tensors borrowed from the kernel's own
@@ -21,13 +25,5 @@ void RunOnDaemon(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // returns that argument itself).
 void RunOnDaemonUnboxed(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                         c10::SmallVectorImpl<c10::IValue>* results);
-
-// Operators with a CPU kernel whose PrivateUse1 entry would otherwise be a
-// CompositeExplicitAutograd default (a decomposition, or a functional
-// wrapper around the out= variant) are forwarded as themselves, so the
-// daemon runs the backend's own kernel: the same values as that kernel
-// (fused, with its accumulation types) and one command instead of several.
-// Registered once, at import; returns how many operators it covers.
-int ForwardOpsWithCpuKernels();
 
 }  // namespace torch_fl

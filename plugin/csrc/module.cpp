@@ -15,8 +15,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "composite_forwarding.h"
 #include "device_allocator.h"
-#include "fallback.h"
 #include "generator.h"
 #include "pinned_allocator.h"
 #include "flagos/client/connection.h"
@@ -172,7 +172,7 @@ PYBIND11_MODULE(_C, m) {
   // every lock of the enqueue path.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   RegisterHooks();
-  ForwardOpsWithCpuKernels();
+  ForwardCompositeOps();
 
   m.def("_set_endpoint_resolver", [](py::function resolver) {
     // Keep the Python callable alive for the life of the process.
@@ -258,7 +258,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generator", [](int device) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(DefaultGenerator(device)));
   });
-  m.def("_forwarded_op_count", &ForwardOpsWithCpuKernels);
+  m.def("_forwarded_op_count", &ForwardCompositeOps);
   m.def("_test_bad_command", &TestBadCommand, py::call_guard<py::gil_scoped_release>());
   m.def("_test_read_device", &TestReadDevice);
 }

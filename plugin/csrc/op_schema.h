@@ -64,6 +64,14 @@ struct OpTraits {
   static constexpr int kFactUnknown = -2;
   static constexpr int kNoFact = -1;
   mutable std::atomic<int> kernel_fact{kFactUnknown};
+  // How a composite operator registered for forwarding runs
+  // (composite_forwarding.cpp): kCompositeUnknown until the daemon's report
+  // was looked up.
+  static constexpr uint8_t kCompositeUnknown = 0;
+  static constexpr uint8_t kCompositeForward = 1;        // one op call on the daemon
+  static constexpr uint8_t kCompositeDecompose = 2;      // CompositeExplicitAutograd
+  static constexpr uint8_t kCompositeDecomposeNonFunctional = 3;  // ...NonFunctional
+  mutable std::atomic<uint8_t> composite{kCompositeUnknown};
   // Index of the bool `training` argument, or -1.
   int training_argument = -1;
 

@@ -8,6 +8,7 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -288,11 +289,12 @@ std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 // Calls whose kernel returns other sizes or dtypes than the meta kernel
 // (which follows CUDA) says take the synchronous path, which learns the
 // outputs from the kernel itself. Which calls those are is a fact about the
-// daemon's backend, sent at the handshake (NegotiateResponse.kernel_facts;
-// for ATen's CPU kernels: batch norm's saved statistics in reduced
-// precision and in eval mode, _embedding_bag's auxiliary outputs, layer and
-// group norm's statistics in reduced precision, the dtypes of addr,
-// huber_loss and normal with operands of mixed dtypes).
+// daemon's backend, sent at the handshake (NegotiateResponse.kernel_facts:
+// for each overload, the facts of the kernels its route runs; for ATen's
+// CPU kernels: batch norm's saved statistics in reduced precision and in
+// eval mode, _embedding_bag's auxiliary outputs, layer and group norm's
+// statistics in reduced precision, the dtypes of addr, huber_loss and
+// normal with operands of mixed dtypes).
 bool FirstArgumentInReducedPrecision(c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isTensor()) return false;
   c10::ScalarType dtype = args[0].toTensor().scalar_type();
@@ -325,7 +327,14 @@ const flagos::v1::KernelFact* KernelFactOf(const OpTraits& traits) {
     const std::vector<flagos::v1::KernelFact>& facts = KernelFacts();
     index = OpTraits::kNoFact;
     for (size_t i = 0; i < facts.size(); ++i) {
-      if (facts[i].op() == traits.name) index = static_cast<int>(i);
+      if (facts[i].op() != traits.name) continue;
+      // No overloads named: every overload (so says a daemon from before
+      // the field, too).
+      const auto& overloads = facts[i].overloads();
+      if (overloads.empty() ||
+          std::find(overloads.begin(), overloads.end(), traits.overload) != overloads.end()) {
+        index = static_cast<int>(i);
+      }
     }
     traits.kernel_fact.store(index, std::memory_order_relaxed);
   }

@@ -33,6 +33,7 @@
 #include "execution/backend.h"
 #include "observability/device_probe.h"
 #include "cpu_kernel_facts.h"
+#include "ops/op_runner.h"
 #include "ops/op_schema_match.h"
 #include "../unit/tensor_refs.h"
 #include "flagos/v1/flagos.grpc.pb.h"
@@ -309,6 +310,17 @@ class ServerTest : public ::testing::Test {
     Restart(DefaultBackendOptions(), server_options);
   }
 
+  v1::NegotiateResponse NegotiateResponseOf() {
+    grpc::ClientContext context;
+    v1::NegotiateRequest request;
+    request.set_min_version(1);
+    request.set_max_version(1);
+    v1::NegotiateResponse response;
+    grpc::Status status = stub_->Negotiate(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+
   void Stop() {
     stub_.reset();
     channel_.reset();
@@ -397,6 +409,70 @@ TEST_F(ServerTest, NegotiateCarriesTheBackendsKernelFacts) {
   EXPECT_TRUE(batch_norm->reduced_precision_input());
   EXPECT_TRUE(batch_norm->eval_mode());
   EXPECT_EQ(static_cast<size_t>(response.kernel_facts_size()), CpuKernelFacts().size());
+}
+
+TEST_F(ServerTest, NegotiateReportsTheCompositeOpsTheBackendRunsWhole) {
+  v1::NegotiateResponse response = NegotiateResponseOf();
+  ASSERT_TRUE(response.has_composite_ops());
+  const auto& ops = response.composite_ops().ops();
+  const auto reported = [&](absl::string_view op) {
+    return std::find(ops.begin(), ops.end(), op) != ops.end();
+  };
+  // Composite implementations with a CPU kernel of their own: run whole.
+  EXPECT_TRUE(reported("aten::linalg_vector_norm"));
+  EXPECT_TRUE(reported("aten::add.Tensor"));
+  EXPECT_TRUE(reported("aten::narrow_copy"));
+  // A composite without a CPU kernel (add.Scalar wraps add.Tensor), and a
+  // CPU kernel without a composite: not composite ops that run whole.
+  EXPECT_FALSE(reported("aten::add.Scalar"));
+  EXPECT_FALSE(reported("aten::linalg_vector_norm.out"));
+  EXPECT_TRUE(std::is_sorted(ops.begin(), ops.end()));
+  // register_op serves every one of them.
+  const std::string served = ListServedOps();
+  for (const std::string& op : ops) {
+    EXPECT_TRUE(absl::StrContains(served, absl::StrCat("\n", op, "\tserved")))
+        << op << " is reported but not served";
+  }
+}
+
+TEST_F(ServerTest, DecomposedOpsAreLeftOutOfTheReport) {
+  BackendOptions options = DefaultBackendOptions();
+  options.decompose_ops = {"aten::linalg_vector_norm", "aten::narrow_copy"};
+  Restart(options, DefaultServerOptions());
+  v1::NegotiateResponse response = NegotiateResponseOf();
+  const auto& ops = response.composite_ops().ops();
+  EXPECT_EQ(std::find(ops.begin(), ops.end(), "aten::linalg_vector_norm"), ops.end());
+  EXPECT_EQ(std::find(ops.begin(), ops.end(), "aten::narrow_copy"), ops.end());
+  EXPECT_NE(std::find(ops.begin(), ops.end(), "aten::add.Tensor"), ops.end());
+}
+
+TEST_F(ServerTest, DecomposingAnOpThatIsNotACompositeRunWholeIsRefused) {
+  BackendOptions options = DefaultBackendOptions();
+  options.decompose_ops = {"aten::linalg_vector_norm.out"};
+  absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(options);
+  ASSERT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(backend.status().message(),
+                                "--decompose-ops names aten::linalg_vector_norm.out"))
+      << backend.status();
+}
+
+TEST_F(ServerTest, KernelFactsFollowTheRoute) {
+  // On the cpu_fallback route the kernels are ATen CPU's too: the same
+  // facts, for every overload.
+  BackendOptions options = DefaultBackendOptions();
+  options.force_route = "cpu_fallback";
+  Restart(options, DefaultServerOptions());
+  v1::NegotiateResponse response = NegotiateResponseOf();
+  ASSERT_EQ(static_cast<size_t>(response.kernel_facts_size()), CpuKernelFacts().size());
+  for (int i = 0; i < response.kernel_facts_size(); ++i) {
+    const v1::KernelFact& fact = response.kernel_facts(i);
+    EXPECT_EQ(fact.op(), CpuKernelFacts()[i].op);
+    EXPECT_EQ(fact.always(), CpuKernelFacts()[i].always);
+    EXPECT_EQ(fact.reduced_precision_input(), CpuKernelFacts()[i].reduced_precision_input);
+    EXPECT_EQ(fact.eval_mode(), CpuKernelFacts()[i].eval_mode);
+    EXPECT_EQ(fact.mixed_dtype_operands(), CpuKernelFacts()[i].mixed_dtype_operands);
+    EXPECT_EQ(fact.overloads_size(), 0) << fact.op();
+  }
 }
 
 TEST_F(ServerTest, NegotiateWithoutCommonVersionNamesBothRanges) {

@@ -19,7 +19,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <vector>
+
 #include "absl/status/status.h"
+#include "flagos/kernel_facts.h"
 #include "flagos/runtime.h"
 
 namespace flagos {
@@ -37,6 +40,13 @@ class OpExecutor {
   // kernel come back as a status naming the op.
   virtual absl::Status Call(int device, StreamHandle stream, const c10::OperatorHandle& op,
                             torch::jit::Stack* stack) = 0;
+  // Whether it has a kernel of its own for `op`, which runs the op as one
+  // call (not decomposed into other operators). The daemon reports the
+  // composite operators it can run this way (execution/composite_ops.h).
+  virtual bool HasKernel(const c10::OperatorHandle& op) const = 0;
+  // What its kernels return that their meta functions do not say
+  // (kernel_facts.h). Constant; valid for the executor's lifetime.
+  virtual const std::vector<KernelFact>& kernel_facts() const = 0;
 };
 
 }  // namespace flagos
