@@ -35,6 +35,7 @@
 #include "cpu_kernel_facts.h"
 #include "ops/op_runner.h"
 #include "ops/op_schema_match.h"
+#include "ops/op_servability.h"
 #include "../unit/tensor_refs.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 
