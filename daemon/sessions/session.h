@@ -51,6 +51,36 @@
 // the queue workers and backend threads) to the session's ReplyWriter and
 // written by its thread: `write` is called from that thread only (and must
 // serialise with the caller's own writes on the stream).
+//
+// Where it lives: the class is defined over several files, one concept
+// each: session.cc (dispatch, replies, lifecycle), session_memory.cc
+// (allocate, free, the host regions' attach), session_sharing.cc
+// (export/import between sessions), session_streams.cc (queueing commands,
+// stream queries, the sync channel's requests), session_copies.cc (what a
+// queued command does on its stream: ops, copies, memset) and
+// session_events.cc (record/wait/query events). The state with a concept
+// of its own is a class of its own, which owns its lock: StreamTable
+// (execution/stream_table.h), EventTable (execution/event_table.h), the
+// completion fences (execution/completion_fences.h), HostRegions
+// (memory/host_regions.h), PendingFrees (memory/pending_frees.h) and
+// SyncChannel (transport/sync_channel.h).
+//
+// Lock order (each lock only after those before it; ABSL_ACQUIRED_BEFORE on
+// the members says the same for the Session's own):
+//   dispatch_mu_ → memory_mu_ → imports_mu_ → clear_mu_ → payload_mu_
+//     → end_mu_
+//   and then the leaves, which nothing is locked under: the StreamTable's,
+//   EventTable's, HostRegions', PendingFrees', SyncChannel's and
+//   SourceReady's locks, and those of the daemon-wide tables a command
+//   uses (SegmentTable, MemoryGrants, MemoryQuotas, the ReplyWriter's).
+//   dispatch_mu_ is held while a command dispatches (the reading thread,
+//   or the sync channel's thread), and a command that runs inline takes
+//   memory_mu_ (shared) under it. Blocking waits: with dispatch_mu_ held,
+//   the sync channel's thread awaits dispatch_mu_ itself (the stream
+//   caught up), Enqueue awaits room on payload_mu_, and Allocate at
+//   out-of-memory awaits PendingFrees; each is declared here because what
+//   it waits for (a queue task finishing, a free executing) never takes
+//   dispatch_mu_. Under memory_mu_ nothing waits for another thread.
 #ifndef FLAGOS_DAEMON_SESSIONS_SESSION_H_
 #define FLAGOS_DAEMON_SESSIONS_SESSION_H_
 
@@ -60,7 +90,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,37 +97,36 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "admission/peer_credentials.h"
 #include "execution/backend.h"
 #include "execution/device_activity.h"
+#include "execution/event_table.h"
+#include "execution/stream_queue.h"
+#include "execution/stream_table.h"
+#include "execution/worker_pool.h"
 #include "flagos/v1/flagos.pb.h"
+#include "memory/host_regions.h"
 #include "memory/memory_grants.h"
 #include "memory/memory_quotas.h"
+#include "memory/pending_frees.h"
+#include "memory/pinned_region.h"
+#include "memory/segment_table.h"
+#include "memory/staging_region.h"
 #include "observability/metrics.h"
 #include "ops/op_runner.h"
-#include "admission/peer_credentials.h"
-#include "memory/segment_table.h"
-#include "memory/pinned_region.h"
 #include "transport/reply_writer.h"
-#include "memory/staging_region.h"
-#include "execution/stream_queue.h"
-#include "execution/worker_pool.h"
+#include "transport/sync_channel.h"
 
 namespace flagos::daemon {
 
-// Streams (FIFO queues on their device's worker pool) one session may use,
-// all devices together.
-inline constexpr int kMaxStreamsPerSession = 64;
 // Bytes of copy_to_device data a session may have queued and not yet
 // executed; beyond it the session stops reading until its queues catch up.
 inline constexpr uint64_t kMaxQueuedPayloadBytes = 512ull << 20;
-// Events (client-minted ids) one session may have live at once.
-inline constexpr size_t kMaxEventsPerSession = 1u << 18;
 // What the daemon keeps of the client's free text at `open` (longer text is
 // cut, with "..." at the end): its name, its torch version, its command line.
 inline constexpr size_t kMaxClientNameBytes = 256;
 inline constexpr size_t kMaxTorchVersionBytes = 64;
 inline constexpr size_t kMaxCommandLineBytes = 4096;
-
 class Session {
  public:
   struct CloseSummary {
@@ -186,26 +214,29 @@ class Session {
   }
 
  private:
-  struct StreamState {
-    int device = 0;
-    StreamHandle backend_stream = 0;
-    std::unique_ptr<StreamQueue> queue;
-  };
-  // ClearNewSegment's streams, by device (destroyed at Close).
-  absl::Mutex clear_mu_;
-  absl::flat_hash_map<int, StreamHandle> clear_streams_ ABSL_GUARDED_BY(clear_mu_);
-
+  // ---- dispatch and replies (session.cc).
   // `ordered`: the command came on the session stream and must follow the
   // previous one's seq (sync-channel commands are ordered by after_seq).
   void Dispatch(v1::Command command, bool ordered = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
-  // The sync channel's thread.
-  void SyncLoop();
   // Every reply goes through here: to the sync channel when it answers the
   // command waiting there, else to the session stream; never blocks
   // (replies_).
   void Reply(v1::Completion completion);
-  void Allocate(uint64_t seq, int device, uint64_t nbytes);
+  void ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // The error completion for command `seq` (logged and counted).
+  v1::Completion ErrorCompletion(uint64_t seq, absl::string_view kind, const absl::Status& status);
+  // The counters of `device`; null when metrics are off.
+  DeviceMetrics* MetricsFor(int device) const;
+  // A completion of `seq` with nothing in it but success.
+  static v1::Completion Done(uint64_t seq);
+  // Waits for the session's work on `device`'s default stream (shared with
+  // other sessions) and for its host functions.
+  absl::Status DrainDefaultStream(int device);
+
+  // ---- device memory (session_memory.cc).
+  void Allocate(uint64_t seq, int device, uint64_t nbytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   // Zeroes a new segment before the client learns its address (unless the
   // runtime's Malloc returns zeroes): a device's allocator hands out memory
   // other sessions freed. On a stream of the session's own per device, so
@@ -219,7 +250,16 @@ class Session {
   void ExecuteFree(uint64_t seq, int device, DevicePtr addr);
   // Gives `segment`'s memory back to the backend (logging a failure).
   bool FreeMemory(const Segment& segment);
-  // ---- sharing segments with other sessions (MemoryGrants).
+  // OK when [addr, addr + nbytes) lies inside one segment of `device`.
+  absl::Status CheckRange(const v1::Command& command, int device, uint64_t addr,
+                          uint64_t nbytes) const;
+  // Forgets pinned region `region` once every earlier command has completed.
+  void ScheduleReleasePinned(uint64_t seq, uint64_t region);
+  // Frees every segment the session holds, its own and its imports (Close).
+  void FreeAllMemory(CloseSummary* summary);
+
+  // ---- sharing segments with other sessions (session_sharing.cc,
+  // MemoryGrants).
   void ExportMemory(const v1::Command& command);
   void ImportMemory(const v1::Command& command);
   void ScheduleReleaseImport(uint64_t seq, int device, DevicePtr addr);
@@ -231,8 +271,22 @@ class Session {
                                       bool* owned) const;
   // FAILED_PRECONDITION naming the command when the daemon shares nothing.
   absl::Status CheckSharing(const v1::Command& command) const;
+
+  // ---- stream queues (session_streams.cc).
   // `ordered` as Dispatch's: a command that came on the session stream.
-  void Enqueue(v1::Command command, bool ordered);
+  void Enqueue(v1::Command command, bool ordered) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // Runs `action` once every command already queued on `device` (every
+  // device when device < 0) has executed and the device has completed its
+  // work (completion_fences.h).
+  void AfterQueuedWork(int device, std::function<void(absl::Status)> action);
+  void QueryStream(const v1::Command& command);
+  void SyncStream(const v1::Command& command);
+  // One request of the sync channel (its thread): dispatched, under the
+  // same lock as the reading thread, once the stream has been dispatched up
+  // to its after_seq. False once the session is closing.
+  bool HandleSyncRequest(v1::SyncRequest& request);
+
+  // ---- what a queued command does (session_copies.cc).
   // Runs on a queue worker. Issues the command's work to `backend_stream`;
   // what the work holds (upload bytes, staging chunks) is released, and a
   // download is replied, only once the device has completed it. May move
@@ -245,66 +299,10 @@ class Session {
   // work issued so far to `backend_stream` has completed.
   absl::Status ReplyWhenComplete(int device, StreamHandle backend_stream,
                                  v1::Completion completion, std::shared_ptr<std::string> data);
-  // Runs `release` once the work issued so far to `backend_stream` has
-  // completed (in a backend thread, or here after waiting for the stream).
-  void ReleaseWhenComplete(int device, StreamHandle backend_stream,
-                           DeviceRuntime::HostFunc release);
-  // The attached staging region; FAILED_PRECONDITION naming the command
-  // when there is none.
-  absl::StatusOr<std::shared_ptr<StagingRegion>> Staging(const v1::Command& command) const;
-  // Pinned region `region`, named by `command`; NOT_FOUND naming both when
-  // the session has no such region.
-  absl::StatusOr<std::shared_ptr<PinnedRegion>> Pinned(const v1::Command& command,
-                                                       uint64_t region) const;
-  // Forgets pinned region `region` once every earlier command has completed.
-  void ScheduleReleasePinned(uint64_t seq, uint64_t region);
-  // Frees the staging chunk of a staged copy_to_device that will not run.
-  void ReleaseStagedUpload(const v1::Command& command);
-  // The counters of `device`; null when metrics are off.
-  DeviceMetrics* MetricsFor(int device) const;
   // Counts a copy command's bytes (when metrics are on).
   void CountCopy(int device, CopyDirection direction, uint64_t nbytes);
-  // OK when [addr, addr + nbytes) lies inside one segment of `device`.
-  absl::Status CheckRange(const v1::Command& command, int device, uint64_t addr,
-                          uint64_t nbytes) const;
-  // The queue for (device, stream), created on first use.
-  absl::StatusOr<StreamState*> QueueFor(int device, uint64_t stream);
-  // The queue for (device, stream) if that stream was used, else null.
-  StreamState* ExistingQueue(int device, uint64_t stream);
-  // Runs `action` once every command already queued on `device` (every
-  // device when device < 0) has executed and the device has completed its
-  // work (each stream synchronised): in the reading thread when nothing is
-  // queued, else on the worker that finishes last. `action` gets the first
-  // error a stream synchronisation reported.
-  void AfterQueuedWork(int device, std::function<void(absl::Status)> action);
-  void ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status);
-  // The error completion for command `seq` (logged and counted).
-  v1::Completion ErrorCompletion(uint64_t seq, absl::string_view kind, const absl::Status& status);
-  // Sends `completion` on the sync channel, with the errors sent before it.
-  void WriteSyncReply(v1::Completion completion);
-  // Waits for the session's work on `device`'s default stream (shared with
-  // other sessions) and for its host functions.
-  absl::Status DrainDefaultStream(int device);
-  // ---- events and stream queries (flagos.proto RecordEvent ... QueryStream).
-  // One record_event makes one EventRecord; an event id names its latest
-  // record. The record's task on its stream queue creates and records the
-  // backend event, then marks the record issued and runs what waited for
-  // it. With the CPU backend an issued record has completed.
-  struct EventRecord {
-    EventRecord(DeviceRuntime* runtime, int device, bool timing)
-        : runtime(runtime), device(device), timing(timing) {}
-    ~EventRecord();  // destroys the backend event
-    EventRecord(const EventRecord&) = delete;
-    EventRecord& operator=(const EventRecord&) = delete;
 
-    DeviceRuntime* const runtime;
-    const int device;
-    const bool timing;
-    // Guarded by gate_mu_; `handle` is written once, before `issued`.
-    bool issued = false;
-    EventHandle handle = 0;  // 0: the backend record failed (reported then)
-    std::vector<std::function<void()>> on_issued;
-  };
+  // ---- events (session_events.cc; flagos.proto RecordEvent ...).
   class RecordTask;
   // Reading thread.
   void RecordEvent(v1::Command command);
@@ -313,30 +311,9 @@ class Session {
   void SynchronizeEvent(const v1::Command& command);
   void ElapsedTime(const v1::Command& command);
   void DestroyEvent(const v1::Command& command);
-  void QueryStream(const v1::Command& command);
-  void SyncStream(const v1::Command& command);
-  // The latest record of `event`; nullptr when it was never recorded (or
-  // destroyed since).
-  std::shared_ptr<EventRecord> LatestRecord(uint64_t event) const;
-  // Runs `action` once every record is issued: now, in the calling thread,
-  // when they all are, else on the worker issuing the last one. Dropped
-  // unrun when the session closes first.
-  void WhenIssued(const std::vector<std::shared_ptr<EventRecord>>& records,
-                  std::function<void()> action);
   // Worker: creates and records the backend event of `record` on
   // `backend_stream`, then marks it issued and runs its on_issued actions.
   void IssueRecord(uint64_t seq, EventRecord& record, StreamHandle backend_stream);
-  // Marks a record whose task will never run issued (without a backend
-  // event) and drops its on_issued actions.
-  void AbandonRecord(EventRecord& record);
-
-  // What a copy from another device waits for: every earlier command on
-  // the source device executed (`ready`), and the Resume of the copy's
-  // parked queue when it parked first. Guarded by gate_mu_.
-  struct SourceReady {
-    bool ready = false;
-    std::optional<StreamQueue::Resume> resume;
-  };
 
   // Constant after construction.
   const uint64_t id_;
@@ -352,24 +329,29 @@ class Session {
   const std::string torch_version_;
   const std::string command_line_;
   const Backend& backend_;
-  DeviceActivity* const activity_;
   Metrics* const metrics_;
   MemoryGrants* const grants_;
+
+  // Serialises Dispatch between the reading thread and the sync channel.
+  // First in the session's lock order (see the top of this file).
+  absl::Mutex dispatch_mu_ ABSL_ACQUIRED_BEFORE(memory_mu_, imports_mu_, clear_mu_, payload_mu_,
+                                                end_mu_);
+  bool has_seq_ ABSL_GUARDED_BY(dispatch_mu_) = false;
+  uint64_t last_seq_ ABSL_GUARDED_BY(dispatch_mu_) = 0;
+  bool sync_closing_ ABSL_GUARDED_BY(dispatch_mu_) = false;
+  // Held shared while a command uses device memory, exclusively to free it.
+  mutable absl::Mutex memory_mu_ ABSL_ACQUIRED_AFTER(dispatch_mu_)
+      ABSL_ACQUIRED_BEFORE(imports_mu_, clear_mu_, payload_mu_, end_mu_);
   // The stream's EndFn is called under end_mu_ and never once Detach set
-  // stream_gone_: the stream goes away with the reading thread.
-  absl::Mutex end_mu_;
+  // stream_gone_: the stream goes away with the reading thread. Last: a
+  // reply posted under any other session lock may end the stream.
+  absl::Mutex end_mu_ ABSL_ACQUIRED_AFTER(payload_mu_);
   bool stream_gone_ ABSL_GUARDED_BY(end_mu_) = false;
   // Writes every reply (stream and sync channel); no worker blocks on the
   // client's sockets. Finished by Close before the sync fd is closed.
   ReplyWriter replies_;
-  const std::vector<WorkerPool*> pools_;
   const std::unique_ptr<OpRunner> ops_;
 
-  // Serialises Dispatch between the reading thread and the sync channel.
-  absl::Mutex dispatch_mu_;
-  bool has_seq_ ABSL_GUARDED_BY(dispatch_mu_) = false;
-  uint64_t last_seq_ ABSL_GUARDED_BY(dispatch_mu_) = 0;
-  bool sync_closing_ ABSL_GUARDED_BY(dispatch_mu_) = false;
   // Reading thread only (then the closing thread, after Detach).
   bool closed_ = false;
   // Detach was called: commands not yet executing are skipped.
@@ -377,60 +359,39 @@ class Session {
   // Commands in Execute now.
   std::atomic<uint32_t> running_{0};
 
-  // The sync channel: its socket (-1: none), thread, and the seq of the
-  // command whose reply it waits for (0: none). sync_fd_ is set once, under
-  // dispatch_mu_ and sync_fd_mu_ (Detach takes only the latter: the sync
-  // thread holds dispatch_mu_ while a command it runs itself executes).
-  absl::Mutex sync_fd_mu_;
-  bool sync_detached_ ABSL_GUARDED_BY(sync_fd_mu_) = false;
-  int sync_fd_ = -1;
-  std::thread sync_thread_;
-  std::atomic<uint64_t> sync_seq_{0};
-  // Error completions sent on the session stream so far.
-  std::atomic<uint64_t> errors_sent_{0};
+  // The sync channel (its socket, thread, and the command it waits for).
+  SyncChannel sync_;
 
   std::atomic<uint64_t> commands_{0};
   std::atomic<uint64_t> stream_bytes_received_{0};
   std::atomic<uint64_t> stream_bytes_sent_{0};
   std::atomic<uint64_t> staged_bytes_{0};
   const std::string staging_token_;
-  // Set once by AttachStaging; commands take a reference while they use it.
-  mutable absl::Mutex staging_mu_;
-  std::shared_ptr<StagingRegion> staging_ ABSL_GUARDED_BY(staging_mu_);
-  bool staging_registered_ ABSL_GUARDED_BY(staging_mu_) = false;
-  // Pinned host regions by id; commands take a reference while they use one.
-  mutable absl::Mutex pinned_mu_;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<PinnedRegion>> pinned_
-      ABSL_GUARDED_BY(pinned_mu_);
-  uint64_t pinned_total_bytes_ ABSL_GUARDED_BY(pinned_mu_) = 0;
+  // The staging and pinned host regions.
+  HostRegions regions_;
   SegmentTable segments_;  // internally synchronised
   // Segments of other sessions held through import_memory (each once, with
   // the session's count of holds on it).
   SegmentTable imported_;  // internally synchronised
-  absl::Mutex imports_mu_;
+  absl::Mutex imports_mu_ ABSL_ACQUIRED_AFTER(memory_mu_) ABSL_ACQUIRED_BEFORE(clear_mu_);
   absl::flat_hash_map<std::pair<int, DevicePtr>, uint64_t> import_holds_
       ABSL_GUARDED_BY(imports_mu_);
 
-  // Held shared while a command uses device memory, exclusively to free it.
-  mutable absl::Mutex memory_mu_;
+  // ClearNewSegment's streams, by device (destroyed at Close).
+  absl::Mutex clear_mu_ ABSL_ACQUIRED_AFTER(imports_mu_) ABSL_ACQUIRED_BEFORE(payload_mu_);
+  absl::flat_hash_map<int, StreamHandle> clear_streams_ ABSL_GUARDED_BY(clear_mu_);
 
-  mutable absl::Mutex queues_mu_;
-  absl::flat_hash_map<std::pair<int, uint64_t>, std::unique_ptr<StreamState>> queues_
-      ABSL_GUARDED_BY(queues_mu_);
-
-  absl::Mutex payload_mu_;
+  // The session's stream queues, by (device, stream).
+  StreamTable streams_;
+  // Upload bytes queued and not yet executed (kMaxQueuedPayloadBytes).
+  absl::Mutex payload_mu_ ABSL_ACQUIRED_AFTER(clear_mu_) ABSL_ACQUIRED_BEFORE(end_mu_);
   uint64_t queued_payload_bytes_ ABSL_GUARDED_BY(payload_mu_) = 0;
 
-  // Guards EventRecord's issued state and SourceReady.
-  absl::Mutex gate_mu_;
-
-  // Event id → its latest record. Reading thread only.
-  absl::flat_hash_map<uint64_t, std::shared_ptr<EventRecord>> events_;
-
+  // Event ids and their records' issued state.
+  EventTable events_;
   // Frees scheduled and not yet executed (allocate waits for them before it
   // reports out-of-memory).
-  absl::Mutex free_mu_;
-  int pending_frees_ ABSL_GUARDED_BY(free_mu_) = 0;
+  PendingFrees pending_frees_;
 };
 
 }  // namespace flagos::daemon

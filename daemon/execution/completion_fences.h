@@ -1,0 +1,65 @@
+// Completion fences: running something once work issued before it has
+// completed on the device, never by assuming a backend call's return means
+// the device is done (backends/include/flagos/runtime.h).
+//   - WhenStreamCompletes: once the work issued so far to one stream has
+//     completed (a host function on the stream, or a synchronisation here
+//     when the runtime has none);
+//   - AfterQueuedWork: once every command already queued on some queues has
+//     executed and the device has completed it (each stream synchronised);
+//   - SourceReady: the gate a copy from another device parks its queue on
+//     until such a fence on the source device fires.
+// None of them holds a worker while the device works, and none waits for
+// another queue's work on a worker.
+#ifndef FLAGOS_DAEMON_EXECUTION_COMPLETION_FENCES_H_
+#define FLAGOS_DAEMON_EXECUTION_COMPLETION_FENCES_H_
+
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "execution/stream_queue.h"
+#include "execution/stream_table.h"
+#include "flagos/runtime.h"
+
+namespace flagos::daemon {
+
+// Runs `done` once the work issued so far to `stream` of `device` has
+// completed: in a backend thread (LaunchHostFunc), or here after waiting for
+// the stream when the runtime cannot launch host functions. `done` gets the
+// stream's error, if any.
+void WhenStreamCompletes(DeviceRuntime& runtime, int device, StreamHandle stream,
+                         DeviceRuntime::HostFunc done);
+
+// Runs `action` once every command already queued on `streams` has executed
+// and the device has completed its work (each stream synchronised): in the
+// calling thread when nothing is queued, else on the worker that finishes
+// last. `action` gets the first error a stream synchronisation reported.
+// The caller must be the only thread that pushes to the queues (a session's
+// dispatch): an idle queue then has issued all its work. The queues must
+// outlive the tasks pushed to them (a stopped queue drops them unrun).
+void AfterQueuedWork(DeviceRuntime& runtime, const std::vector<SessionStream*>& streams,
+                     std::function<void(absl::Status)> action);
+
+// What a copy from another device waits for: every earlier command on the
+// source device executed (MarkReady), and the Resume of the copy's parked
+// queue when it parked first (Park). Shared by the fence and the gate.
+class SourceReady {
+ public:
+  // The source device is done: resumes the parked queue, if it parked.
+  void MarkReady();
+  // The copy's queue reached the gate: resumes at once when the source is
+  // done, else keeps `resume` for MarkReady.
+  void Park(StreamQueue::Resume resume);
+
+ private:
+  absl::Mutex mu_;  // a leaf: resumes run after it is released
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<StreamQueue::Resume> resume_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_EXECUTION_COMPLETION_FENCES_H_

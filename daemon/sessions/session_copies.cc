@@ -1,0 +1,253 @@
+// Session: what a queued command does on its stream (ops, place_result,
+// copies, memset), issued to the device and released or replied once the
+// device has completed it.
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "execution/completion_fences.h"
+#include "protocol/command_validation.h"
+#include "sessions/session.h"
+
+namespace flagos::daemon {
+
+absl::Status Session::ReplyWhenComplete(int device, StreamHandle backend_stream,
+                                        v1::Completion completion,
+                                        std::shared_ptr<std::string> data) {
+  DeviceRuntime& runtime = backend_.runtime();
+  auto reply = [this, completion = std::move(completion),
+                data = std::move(data)](absl::Status status) mutable {
+    if (!status.ok()) return ReplyError(completion.seq(), "copy_from_device", status);
+    if (data != nullptr) completion.set_data(std::move(*data));
+    Reply(std::move(completion));
+  };
+  WhenStreamCompletes(runtime, device, backend_stream, std::move(reply));
+  return absl::OkStatus();
+}
+
+void Session::CountCopy(int device, CopyDirection direction, uint64_t nbytes) {
+  if (DeviceMetrics* metrics = MetricsFor(device)) metrics->CountCopy(direction, nbytes);
+}
+
+void Session::Execute(v1::Command& command, StreamHandle backend_stream) {
+  // The client is gone: what has not started is dropped, as Close drops
+  // what is still queued.
+  if (detached_.load(std::memory_order_acquire)) return;
+  running_.fetch_add(1, std::memory_order_relaxed);
+  struct Finished {
+    std::atomic<uint32_t>& running;
+    ~Finished() { running.fetch_sub(1, std::memory_order_relaxed); }
+  } finished{running_};
+  v1::Completion completion;
+  completion.set_seq(command.seq());
+  bool reply = false;
+  absl::Status status;
+  try {
+    absl::ReaderMutexLock lock(&memory_mu_);
+    status = ExecuteLocked(command, backend_stream, &completion, &reply);
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("flagosd failed to execute the command: ", e.what()));
+  } catch (...) {
+    status = absl::InternalError("flagosd failed to execute the command (unknown exception)");
+  }
+  if (!status.ok()) return ReplyError(command.seq(), CommandKindName(command), status);
+  if (reply) Reply(std::move(completion));
+}
+
+absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_stream,
+                                    v1::Completion* completion, bool* reply) {
+  DeviceRuntime& runtime = backend_.runtime();
+  const int device = command.device();
+  switch (command.kind_case()) {
+    case v1::Command::kOp: {
+      *reply = command.op().want_values();
+      DeviceMetrics* metrics = MetricsFor(device);
+      const auto start = metrics == nullptr ? std::chrono::steady_clock::time_point()
+                                            : std::chrono::steady_clock::now();
+      absl::Status status = ops_->Run(
+          device, backend_stream, command.op(),
+          [&](int d, uint64_t addr, uint64_t nbytes) {
+            return CheckRange(command, d, addr, nbytes);
+          },
+          completion);
+      if (metrics != nullptr) {
+        metrics->CountOp(ops_->RouteOf(command.op().op_id()),
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                             .count(),
+                         status.ok());
+      }
+      return status;
+    }
+    case v1::Command::kPlaceResult:
+      return ops_->PlaceResult(device, backend_stream, command.place_result(),
+                               [&](int d, uint64_t addr, uint64_t nbytes) {
+                                 return CheckRange(command, d, addr, nbytes);
+                               });
+    case v1::Command::kCopyToDevice: {
+      const v1::CopyToDevice& copy = command.copy_to_device();
+      if (copy.has_pinned()) {
+        // Straight from the client's pinned region, which stays mapped
+        // until the device has read it.
+        absl::StatusOr<std::shared_ptr<PinnedRegion>> region =
+            regions_.Pinned(command, copy.pinned().region());
+        if (!region.ok()) return region.status();
+        const uint64_t nbytes = copy.pinned().nbytes();
+        absl::StatusOr<char*> bytes = (*region)->Bytes(copy.pinned().offset(), nbytes);
+        if (!bytes.ok()) return bytes.status();
+        if (absl::Status s = CheckRange(command, device, copy.addr(), nbytes); !s.ok()) return s;
+        if (absl::Status s =
+                runtime.CopyHostToDevice(device, backend_stream, copy.addr(), *bytes, nbytes);
+            !s.ok()) {
+          return s;
+        }
+        CountCopy(device, CopyDirection::kHostToDevice, nbytes);
+        WhenStreamCompletes(runtime, device, backend_stream, [region = *region](absl::Status) {});
+        return absl::OkStatus();
+      }
+      if (copy.has_staged()) {
+        // The chunk is the client's again once the device has read it, or
+        // at once when the copy is not issued.
+        absl::StatusOr<std::shared_ptr<StagingRegion>> region = regions_.Staging(command);
+        if (!region.ok()) return region.status();
+        const uint64_t offset = copy.staged().offset();
+        const uint64_t nbytes = copy.staged().nbytes();
+        absl::StatusOr<char*> bytes = (*region)->Bytes(offset, nbytes);
+        absl::Status s = bytes.ok() ? CheckRange(command, device, copy.addr(), nbytes)
+                                    : bytes.status();
+        if (s.ok()) s = runtime.CopyHostToDevice(device, backend_stream, copy.addr(), *bytes, nbytes);
+        if (!s.ok()) {
+          (*region)->Release(offset);
+          return s;
+        }
+        staged_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
+        CountCopy(device, CopyDirection::kHostToDevice, nbytes);
+        WhenStreamCompletes(runtime, device, backend_stream,
+                            [region = *region, offset](absl::Status) { region->Release(offset); });
+        return absl::OkStatus();
+      }
+      if (absl::Status s = CheckRange(command, device, copy.addr(), copy.data().size()); !s.ok()) {
+        return s;
+      }
+      // The bytes stay alive until the device has read them.
+      auto data = std::make_shared<std::string>(
+          std::move(*command.mutable_copy_to_device()->mutable_data()));
+      if (absl::Status s = runtime.CopyHostToDevice(device, backend_stream, copy.addr(),
+                                                    data->data(), data->size());
+          !s.ok()) {
+        return s;
+      }
+      CountCopy(device, CopyDirection::kHostToDevice, data->size());
+      WhenStreamCompletes(runtime, device, backend_stream, [data](absl::Status) {});
+      return absl::OkStatus();
+    }
+    case v1::Command::kCopyFromDevice: {
+      const v1::CopyFromDevice& copy = command.copy_from_device();
+      // Into pinned memory nothing travels in the reply; any range of the
+      // region may be copied at once.
+      if (!copy.has_pinned() && copy.nbytes() > kMaxCopyFromDeviceBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "command ", command.seq(), " (copy_from_device): ", copy.nbytes(),
+            " bytes in one copy; the limit is ", kMaxCopyFromDeviceBytes,
+            "; split the copy into several commands"));
+      }
+      if (absl::Status s = CheckRange(command, device, copy.addr(), copy.nbytes()); !s.ok()) {
+        return s;
+      }
+      if (copy.has_pinned()) {
+        // Straight into the client's pinned region, ordered on the stream
+        // like a kernel: no reply; the region stays mapped until the device
+        // has written it.
+        if (copy.pinned().nbytes() != copy.nbytes()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "command ", command.seq(), " (copy_from_device): copies ", copy.nbytes(),
+              " bytes into a pinned range of ", copy.pinned().nbytes(), " bytes"));
+        }
+        absl::StatusOr<std::shared_ptr<PinnedRegion>> region =
+            regions_.Pinned(command, copy.pinned().region());
+        if (!region.ok()) return region.status();
+        absl::StatusOr<char*> bytes = (*region)->Bytes(copy.pinned().offset(), copy.nbytes());
+        if (!bytes.ok()) return bytes.status();
+        if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, *bytes, copy.addr(),
+                                                      copy.nbytes());
+            !s.ok()) {
+          return s;
+        }
+        CountCopy(device, CopyDirection::kDeviceToHost, copy.nbytes());
+        WhenStreamCompletes(runtime, device, backend_stream, [region = *region](absl::Status) {});
+        return absl::OkStatus();
+      }
+      *reply = true;
+      if (copy.has_staged()) {
+        if (copy.staged().nbytes() != copy.nbytes()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "command ", command.seq(), " (copy_from_device): copies ", copy.nbytes(),
+              " bytes into a staged range of ", copy.staged().nbytes(), " bytes"));
+        }
+        absl::StatusOr<std::shared_ptr<StagingRegion>> region = regions_.Staging(command);
+        if (!region.ok()) return region.status();
+        absl::StatusOr<char*> bytes = (*region)->Bytes(copy.staged().offset(), copy.nbytes());
+        if (!bytes.ok()) return bytes.status();
+        if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, *bytes, copy.addr(),
+                                                      copy.nbytes());
+            !s.ok()) {
+          return s;
+        }
+        staged_bytes_.fetch_add(copy.nbytes(), std::memory_order_relaxed);
+        CountCopy(device, CopyDirection::kDeviceToHost, copy.nbytes());
+        // The client reads the chunk when it sees the reply: only once the
+        // device has written it.
+        *reply = false;
+        return ReplyWhenComplete(device, backend_stream, std::move(*completion), nullptr);
+      }
+      auto data = std::make_shared<std::string>(copy.nbytes(), '\0');
+      if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, data->data(),
+                                                    copy.addr(), copy.nbytes());
+          !s.ok()) {
+        return s;
+      }
+      CountCopy(device, CopyDirection::kDeviceToHost, copy.nbytes());
+      *reply = false;
+      return ReplyWhenComplete(device, backend_stream, std::move(*completion), std::move(data));
+    }
+    case v1::Command::kCopyDeviceToDevice: {
+      const v1::CopyDeviceToDevice& copy = command.copy_device_to_device();
+      if (absl::Status s = CheckRange(command, device, copy.dst(), copy.nbytes()); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = CheckRange(command, copy.src_device(), copy.src(), copy.nbytes());
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = runtime.CopyDeviceToDevice(device, backend_stream, copy.dst(),
+                                                      copy.src_device(), copy.src(),
+                                                      copy.nbytes());
+          !s.ok()) {
+        return s;
+      }
+      CountCopy(device, CopyDirection::kDeviceToDevice, copy.nbytes());
+      return absl::OkStatus();
+    }
+    case v1::Command::kMemset: {
+      const v1::Memset& memset = command.memset();
+      if (memset.value() > 0xff) {
+        return absl::InvalidArgumentError(absl::StrCat("command ", command.seq(),
+                                                       " (memset): value ", memset.value(),
+                                                       " is not a byte (0..255)"));
+      }
+      if (absl::Status s = CheckRange(command, device, memset.addr(), memset.nbytes()); !s.ok()) {
+        return s;
+      }
+      return runtime.Memset(device, backend_stream, memset.addr(),
+                            static_cast<uint8_t>(memset.value()), memset.nbytes());
+    }
+    default:
+      return absl::InternalError(absl::StrCat("command ", command.seq(), " (",
+                                              CommandKindName(command),
+                                              ") cannot run on a stream queue"));
+  }
+}
+
+}  // namespace flagos::daemon

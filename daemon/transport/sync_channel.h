@@ -1,0 +1,90 @@
+// A session's sync channel (SyncRequest in flagos.proto): the staging
+// attach connection, carrying one synchronous command at a time, read by a
+// thread of its own; the reply to the command waiting there goes back on it
+// (sent without blocking by the session's ReplyWriter), every other reply to
+// the session stream.
+//
+// The channel reads frames and routes replies; what a request means (when
+// it may dispatch, what it may be) is the session's Handler.
+//
+// Thread safety: Start, Stop and CloseFd from the session's dispatching or
+// closing thread (Start under the session's dispatch_mu_), Detach from its
+// reading thread, Answer and Write from any thread. mu_ is a leaf: the
+// handler runs without it.
+#ifndef FLAGOS_DAEMON_TRANSPORT_SYNC_CHANNEL_H_
+#define FLAGOS_DAEMON_TRANSPORT_SYNC_CHANNEL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "flagos/v1/flagos.pb.h"
+#include "transport/reply_writer.h"
+
+namespace flagos::daemon {
+
+class SyncChannel {
+ public:
+  // Handles one request on the channel's thread; false ends the channel
+  // (the session is closing).
+  using Handler = std::function<bool(v1::SyncRequest& request)>;
+
+  // `replies` (the session's writer) must outlive the channel.
+  SyncChannel(uint64_t session_id, ReplyWriter* replies)
+      : session_id_(session_id), replies_(replies) {}
+  // Stop() must have returned.
+  ~SyncChannel() = default;
+
+  SyncChannel(const SyncChannel&) = delete;
+  SyncChannel& operator=(const SyncChannel&) = delete;
+
+  // Serves `fd` from a thread of its own, calling `handle` for each request,
+  // until the client closes it, a frame is not a request, or Stop. Takes
+  // `fd`: closes it at once when the channel was detached or started
+  // already.
+  void Start(int fd, Handler handle);
+  // The client is gone: the channel's reads end and a send the writer has
+  // in progress fails (the client may not read). The descriptor stays open
+  // until CloseFd.
+  void Detach();
+  // Ends the thread's read and joins it. The descriptor stays open (so its
+  // number cannot be reused by another session's connection) until CloseFd.
+  void Stop();
+  // Closes the descriptor; once no reply can be sent on it (the writer has
+  // finished).
+  void CloseFd();
+
+  // The command whose reply the channel waits for, set by the handler
+  // before it dispatches it.
+  void Expect(uint64_t seq) { seq_.store(seq); }
+  // Every reply of the session passes here: true when `completion` answers
+  // the command waiting on the channel (it was sent there); false when it
+  // belongs on the session stream (an error one is counted: errors_before).
+  bool Answer(v1::Completion& completion);
+  // Sends `completion` on the channel without blocking, with the count of
+  // error completions sent on the session stream before it.
+  void Write(v1::Completion completion);
+
+ private:
+  void Loop(Handler handle);
+
+  const uint64_t session_id_;
+  ReplyWriter* const replies_;
+
+  absl::Mutex mu_;
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once, under mu_, before the thread starts; the thread and Write (for
+  // a command the thread dispatched) read it without the lock.
+  int fd_ = -1;
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> seq_{0};
+  // Error completions sent on the session stream so far.
+  std::atomic<uint64_t> errors_sent_{0};
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_TRANSPORT_SYNC_CHANNEL_H_
