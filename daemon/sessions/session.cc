@@ -177,22 +177,13 @@ void Session::Dispatch(v1::Command command, bool ordered) {
     case v1::Command::kQueryExport:
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
       return QueryExport(command);
-    case v1::Command::kSync: {
+    case v1::Command::kSync:
       if (command.sync().stream_only()) {
         if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
         return SyncStream(command);
       }
       if (command.device() >= device_count) return ReplyError(seq, kind, check_device());
-      // Replies once the device has completed every earlier command, not
-      // merely run it.
-      AfterQueuedWork(command.device(), [this, seq](absl::Status status) {
-        if (!status.ok()) return ReplyError(seq, "sync", status);
-        v1::Completion completion;
-        completion.set_seq(seq);
-        Reply(std::move(completion));
-      });
-      return;
-    }
+      return SyncDevice(command);
     case v1::Command::kCopyDeviceToDevice:
       if (absl::Status s = CheckDevice(command.copy_device_to_device().src_device(), device_count,
                                        absl::StrCat("command ", seq, " (", kind, ") source"));
