@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "logging.h"
 #include "protocol/command_validation.h"
 
@@ -259,15 +258,9 @@ DeviceMetrics* Session::MetricsFor(int device) const {
 }
 
 absl::Status Session::DrainDefaultStream(int device) {
-  DeviceRuntime& runtime = backend_.runtime();
-  absl::Status status = runtime.SynchronizeStream(device, 0);
-  // Host functions of a stream run in order: once this one ran, every
-  // earlier one of the session has.
-  absl::Notification drained;
-  if (runtime.LaunchHostFunc(device, 0, [&drained](absl::Status) { drained.Notify(); }).ok()) {
-    drained.WaitForNotification();
-  }
-  return status;
+  // The device's work and every host function issued before (the session's
+  // among them; other sessions' too, since the default stream is shared).
+  return backend_.runtime().DrainStream(device, 0);
 }
 
 void Session::Detach() {
