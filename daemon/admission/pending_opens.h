@@ -102,6 +102,8 @@ class PendingOpens {
   const size_t per_connection_;
   const size_t per_uid_;
   const absl::Duration deadline_;
+  // A leaf among the daemon's locks (the timer waits on it holding nothing
+  // else).
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -38,6 +38,9 @@ class BusyClock {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // Last in the daemon's lock order: taken under a StreamQueue's lock
+  // (Begin, End) and DeviceActivity's (Busy, sampling); nothing is locked
+  // under it.
   mutable absl::Mutex mu_;
   int active_ ABSL_GUARDED_BY(mu_) = 0;
   Clock::time_point since_ ABSL_GUARDED_BY(mu_);
@@ -71,6 +74,8 @@ class DeviceActivity {
   };
   std::vector<std::unique_ptr<Device>> devices_;
 
+  // The sampler holds it (waiting for stopping_ with a timeout) while it
+  // reads each device's BusyClock, whose lock comes after it.
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread sampler_;  // last: started when everything above exists

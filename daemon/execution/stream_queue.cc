@@ -41,6 +41,8 @@ struct StreamQueue::Core {
   // stays on a warm thread while that one is free (WorkerPool::Schedule).
   std::atomic<int> last_worker{WorkerPool::kAnyWorker};
 
+  // Before the BusyClock's lock (BeginBurst, EndBurst); the pool's is taken
+  // only without it (Schedule), and tasks and gates run without it.
   mutable absl::Mutex mu;
   std::deque<StreamQueueItem> items ABSL_GUARDED_BY(mu);
   // A job of this queue is on the pool's ready list or running: nobody else

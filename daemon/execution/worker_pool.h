@@ -85,6 +85,7 @@ class WorkerPool {
   void Run(int index);
 
   const std::string name_;
+  // A leaf: jobs run, and queues schedule, without it.
   mutable absl::Mutex mu_;
   // Jobs no worker was idle for, oldest first.
   std::deque<Job> ready_ ABSL_GUARDED_BY(mu_);

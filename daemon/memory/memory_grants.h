@@ -108,6 +108,8 @@ class MemoryGrants {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Policy policy_;
+  // A leaf, taken under a session's memory_mu_ or imports_mu_ (session.h's
+  // lock order); nothing is called out of it.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, Shared> shared_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Key> by_grant_ ABSL_GUARDED_BY(mu_);

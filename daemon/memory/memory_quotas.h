@@ -49,6 +49,8 @@ class MemoryQuotas {
 
  private:
   const MemoryLimits limits_;
+  // A leaf, taken under a session's dispatch_mu_ (allocate) or memory_mu_
+  // (free, close): session.h's lock order.
   mutable absl::Mutex mu_;
   // (uid, device) -> session -> bytes held.
   std::map<std::pair<int64_t, int>, std::map<uint64_t, uint64_t>> held_ ABSL_GUARDED_BY(mu_);

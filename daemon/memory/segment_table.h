@@ -64,6 +64,7 @@ class SegmentTable {
   // The segment whose start is the greatest <= addr.
   static std::optional<Segment> Floor(int device, const Intervals& intervals, DevicePtr addr);
 
+  // A leaf, taken under a session's memory_mu_ (session.h's lock order).
   mutable absl::Mutex mu_;
   absl::flat_hash_map<int, Intervals> devices_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, uint64_t> device_bytes_ ABSL_GUARDED_BY(mu_);

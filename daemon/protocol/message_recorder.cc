@@ -63,13 +63,15 @@ v1::ClientMessage MessageRecorder::Rewrite(const v1::CommandBatch& batch) {
     } else if (command.has_free()) {
       freed.emplace_back(command.device(), command.free().addr());
     }
-    ForEachDeviceAddress(command, [&](int device, uint64_t& addr) {
+    // Runs here, under mu_ (the analysis does not see into lambdas).
+    const auto canonical = [&](int device, uint64_t& addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const Segment* segment = Find(device, addr);
       if (segment == nullptr) return;
       auto [it, inserted] = ordinal.try_emplace(segment, named.size());
       if (inserted) named.push_back(segment);
       addr = CanonicalSegmentAddress(it->second, addr - segment->addr);
-    });
+    };
+    ForEachDeviceAddress(command, canonical);
   }
 
   v1::ClientMessage out;

@@ -83,11 +83,15 @@
 //   caught up), Enqueue awaits room on payload_mu_, and Allocate at
 //   out-of-memory awaits PendingFrees; each is declared here because what
 //   it waits for (a queue task finishing, a free executing) never takes
-//   dispatch_mu_. A sync, free or release whose queues are idle drains
-//   their streams right there (DeviceRuntime::DrainStream, with
-//   dispatch_mu_ held): the device and the host functions issued before,
-//   which take no lock of the session's but the leaves' (ReplyWriter,
-//   HostRegions). Under memory_mu_ nothing waits for another thread.
+//   dispatch_mu_. query_stream polls its queue for at most 1 ms under
+//   dispatch_mu_. Waits for the device (SynchronizeStream, an inline
+//   command's wait for its stream) happen under dispatch_mu_ and memory_mu_
+//   (shared): the device's progress, and the host functions it runs, take
+//   neither. A sync, free or release whose queues are idle drains their
+//   streams right there (DeviceRuntime::DrainStream, with dispatch_mu_
+//   held): the device and the host functions issued before, which take no
+//   lock of the session's but the leaves' (ReplyWriter, HostRegions). No
+//   other wait for another thread happens under a session lock.
 #ifndef FLAGOS_DAEMON_SESSIONS_SESSION_H_
 #define FLAGOS_DAEMON_SESSIONS_SESSION_H_
 

@@ -96,6 +96,9 @@ class SessionRegistry {
 
   const int max_sessions_;
   const int max_sessions_per_uid_;
+  // Before no session lock: sessions are closed (on their reading thread or
+  // a closer thread) and asked for Info outside it. Under it only the
+  // streams' cancel callbacks run (gRPC's own locks).
   mutable absl::Mutex mu_;
   std::map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Closer> closing_ ABSL_GUARDED_BY(mu_);

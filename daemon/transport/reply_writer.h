@@ -104,6 +104,8 @@ class ReplyWriter {
   const EndFn end_;
   const uint64_t max_unread_bytes_;
 
+  // A leaf: posts take it under any of the session's locks, so `end_` and
+  // `write_` are called only after it is released.
   mutable absl::Mutex mu_;
   std::deque<v1::Completion> outbox_ ABSL_GUARDED_BY(mu_);
   // Sync-channel bytes the socket did not take yet, in order.

@@ -67,6 +67,7 @@ class StagingListener {
   const std::string path_;
   SessionRegistry& registry_;
   std::unique_ptr<UnixAcceptor> acceptor_;
+  // A leaf: attaches are served (Session::AttachStaging ...) without it.
   absl::Mutex mu_;
   int attaching_ ABSL_GUARDED_BY(mu_) = 0;  // Serve calls in progress
 };
