@@ -39,6 +39,7 @@ absl::string_view SlotName(Slot slot) {
     case Slot::kHostRegister: return "host_register";
     case Slot::kHostAddress: return "host_address";
     case Slot::kLaunchHostFunc: return "launch_host_func";
+    case Slot::kStreamDrain: return "stream_drain";
     case Slot::kDeviceTelemetry: return "device_telemetry";
   }
   return "unknown_slot";

@@ -284,6 +284,8 @@ void DescribeSlots(CapabilityTable* t) {
   t->Implement(Slot::kHostAddress, "the device address itself (device memory is host memory)");
   t->Implement(Slot::kLaunchHostFunc, "runs the function in the calling thread: the stream's "
                                       "earlier work completed when its calls returned");
+  t->Implement(Slot::kStreamDrain, "nothing to wait for: host functions ran in the thread that "
+                                   "issued them, before LaunchHostFunc returned");
   t->DeclareGap(Slot::kDeviceTelemetry,
                 "the host CPU backend has no device management library to report temperature, "
                 "power or utilisation; flagosd's own metrics cover memory and busy time");
@@ -425,6 +427,11 @@ class CpuRuntime final : public DeviceRuntime {
     absl::StatusOr<CpuDevice*> d = Device(device);
     if (!d.ok()) return d.status();
     return (*d)->CheckStream(stream);
+  }
+
+  absl::Status DrainStream(int device, StreamHandle stream) override {
+    // Host functions ran inside the LaunchHostFunc that issued them.
+    return SynchronizeStream(device, stream);
   }
 
   absl::StatusOr<bool> QueryStream(int device, StreamHandle stream) override {

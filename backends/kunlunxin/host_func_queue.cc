@@ -18,6 +18,7 @@ HostFuncQueue::~HostFuncQueue() {
 void HostFuncQueue::Push(Wait wait, Func fn) {
   absl::MutexLock lock(&mu_);
   entries_.push_back(Entry{std::move(wait), std::move(fn)});
+  ++pushed_;
   if (!thread_.joinable()) {
     thread_ = std::thread([this] { Serve(); });
     thread_id_ = thread_.get_id();
@@ -26,10 +27,12 @@ void HostFuncQueue::Push(Wait wait, Func fn) {
 
 void HostFuncQueue::Drain() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(this, &HostFuncQueue::Idle));
+  const uint64_t target = pushed_;
+  const auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return finished_ >= target;
+  };
+  mu_.Await(absl::Condition(&done));
 }
-
-bool HostFuncQueue::Idle() const { return entries_.empty() && running_ == 0; }
 
 bool HostFuncQueue::HasWorkOrStops() const { return !entries_.empty() || stop_; }
 
@@ -47,14 +50,13 @@ void HostFuncQueue::Serve() {
       if (entries_.empty()) return;  // stopping, and nothing is left
       entry = std::move(entries_.front());
       entries_.pop_front();
-      running_ = 1;
     }
     absl::Status status = std::move(entry.wait)();
     std::move(entry.fn)(std::move(status));
     // Whatever the function captured is released before Drain returns.
     entry = Entry();
     absl::MutexLock lock(&mu_);
-    running_ = 0;
+    ++finished_;
   }
 }
 

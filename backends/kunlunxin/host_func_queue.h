@@ -40,7 +40,8 @@ class HostFuncQueue {
   void Push(Wait wait, Func fn);
 
   // Blocks until every entry pushed before the call has run (the thread
-  // stays for later pushes).
+  // stays for later pushes). Entries pushed meanwhile are not waited for,
+  // so a stream other threads keep feeding cannot hold it up.
   // REQUIRES: !OnQueueThread().
   void Drain();
 
@@ -54,13 +55,15 @@ class HostFuncQueue {
   };
 
   void Serve();
-  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkOrStops() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
-  // Entries taken by the thread and not yet finished (0 or 1).
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  // Entries pushed, and entries whose function has returned (and whose
+  // captures are destroyed), since construction: Drain waits for the count
+  // of pushes it saw.
+  uint64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t finished_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_ ABSL_GUARDED_BY(mu_);
   std::thread::id thread_id_ ABSL_GUARDED_BY(mu_);

@@ -445,6 +445,24 @@ class KunlunxinRuntime final : public DeviceRuntime {
     return Wait(device, **s);
   }
 
+  absl::Status DrainStream(int device, StreamHandle stream) override {
+    absl::StatusOr<XpuDevice*> d = Device(device);
+    if (!d.ok()) return d.status();
+    absl::StatusOr<std::shared_ptr<XpuStream>> s = (*d)->FindStream(stream);
+    if (!s.ok()) return s.status();
+    if ((*s)->host_funcs.OnQueueThread()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          DevicePrefix(device), "stream ", stream,
+          " cannot be drained by one of its own host functions (it would wait for itself)"));
+    }
+    absl::Status status = Use(device);
+    if (status.ok()) status = Wait(device, **s);
+    // The functions issued before this call; later ones are not waited for
+    // (they may keep coming from other threads).
+    (*s)->host_funcs.Drain();
+    return status;
+  }
+
   absl::StatusOr<bool> QueryStream(int device, StreamHandle stream) override {
     absl::StatusOr<XpuDevice*> d = Device(device);
     if (!d.ok()) return d.status();

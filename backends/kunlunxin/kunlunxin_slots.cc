@@ -145,6 +145,9 @@ void DescribeKunlunxinSlots(const KunlunxinSlotFacts& facts, CapabilityTable* t)
   t->Emulate(Slot::kLaunchHostFunc,
              "libxpurt has no host callback: an event recorded on the stream; a thread per "
              "stream waits for it (xpu_event_wait) and runs the functions in issue order");
+  t->Emulate(Slot::kStreamDrain,
+             "xpu_wait on the stream, then waits until the stream's host-function thread has "
+             "returned from every function issued before the call");
   DescribeTelemetry(facts, t);
 }
 

@@ -52,11 +52,11 @@ void AfterQueuedWork(DeviceRuntime& runtime, const std::vector<SessionStream*>& 
     // An idle queue (only the caller pushes to them) has issued all its
     // work: wait for the device here; otherwise after the queue's last task.
     if (q.queue->pending() == 0) {
-      arrive(runtime.SynchronizeStream(q.device, q.backend_stream));
+      arrive(runtime.DrainStream(q.device, q.backend_stream));
       continue;
     }
     q.queue->Push([arrive, q, &runtime] {
-      arrive(runtime.SynchronizeStream(q.device, q.backend_stream));
+      arrive(runtime.DrainStream(q.device, q.backend_stream));
     });
   }
   arrive(absl::OkStatus());

@@ -5,7 +5,9 @@
 //     completed (a host function on the stream, or a synchronisation here
 //     when the runtime has none);
 //   - AfterQueuedWork: once every command already queued on some queues has
-//     executed and the device has completed it (each stream synchronised);
+//     executed, the device has completed it and the host functions it
+//     issued have returned (each stream drained: DrainStream), so the
+//     replies those commands owe are posted before the action runs;
 //   - SourceReady: the gate a copy from another device parks its queue on
 //     until such a fence on the source device fires.
 // None of them holds a worker while the device works, and none waits for
@@ -33,10 +35,14 @@ namespace flagos::daemon {
 void WhenStreamCompletes(DeviceRuntime& runtime, int device, StreamHandle stream,
                          DeviceRuntime::HostFunc done);
 
-// Runs `action` once every command already queued on `streams` has executed
-// and the device has completed its work (each stream synchronised): in the
-// calling thread when nothing is queued, else on the worker that finishes
-// last. `action` gets the first error a stream synchronisation reported.
+// Runs `action` once every command already queued on `streams` has executed,
+// the device has completed its work and the host functions issued on those
+// streams before have returned (each stream drained: a download's reply and
+// a copy's release are posted by such a function, and a sync's reply must
+// come after them): in the calling thread when nothing is queued, else on
+// the worker that finishes last. `action` gets the first error a stream
+// drain reported. Host functions take no session lock, so the caller may
+// hold dispatch_mu_.
 // The caller must be the only thread that pushes to the queues (a session's
 // dispatch): an idle queue then has issued all its work. The queues must
 // outlive the tasks pushed to them (a stopped queue drops them unrun).

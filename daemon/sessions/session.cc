@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "logging.h"
 #include "protocol/command_validation.h"
 
@@ -177,22 +176,13 @@ void Session::Dispatch(v1::Command command, bool ordered) {
     case v1::Command::kQueryExport:
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
       return QueryExport(command);
-    case v1::Command::kSync: {
+    case v1::Command::kSync:
       if (command.sync().stream_only()) {
         if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
         return SyncStream(command);
       }
       if (command.device() >= device_count) return ReplyError(seq, kind, check_device());
-      // Replies once the device has completed every earlier command, not
-      // merely run it.
-      AfterQueuedWork(command.device(), [this, seq](absl::Status status) {
-        if (!status.ok()) return ReplyError(seq, "sync", status);
-        v1::Completion completion;
-        completion.set_seq(seq);
-        Reply(std::move(completion));
-      });
-      return;
-    }
+      return SyncDevice(command);
     case v1::Command::kCopyDeviceToDevice:
       if (absl::Status s = CheckDevice(command.copy_device_to_device().src_device(), device_count,
                                        absl::StrCat("command ", seq, " (", kind, ") source"));
@@ -268,15 +258,9 @@ DeviceMetrics* Session::MetricsFor(int device) const {
 }
 
 absl::Status Session::DrainDefaultStream(int device) {
-  DeviceRuntime& runtime = backend_.runtime();
-  absl::Status status = runtime.SynchronizeStream(device, 0);
-  // Host functions of a stream run in order: once this one ran, every
-  // earlier one of the session has.
-  absl::Notification drained;
-  if (runtime.LaunchHostFunc(device, 0, [&drained](absl::Status) { drained.Notify(); }).ok()) {
-    drained.WaitForNotification();
-  }
-  return status;
+  // The device's work and every host function issued before (the session's
+  // among them; other sessions' too, since the default stream is shared).
+  return backend_.runtime().DrainStream(device, 0);
 }
 
 void Session::Detach() {

@@ -8,7 +8,9 @@
 //   - op, copies and memset go to their (device, stream) queue, FIFO;
 //   - free runs once every earlier command on its device (all streams) has
 //     executed; sync replies once every earlier command on its device (all
-//     devices when device < 0) has executed;
+//     devices when device < 0) has executed, the replies they owe are
+//     posted and every earlier free and release of the device took effect
+//     (docs/protocol.md, "When a sync completes");
 //   - copy_device_to_device from another device runs on the destination's
 //     queue once every earlier command on the source device has executed;
 //   - record_event goes to its stream's queue; wait_event captures the
@@ -18,7 +20,8 @@
 //     the event at once (waiting commands keep its record);
 //     synchronize_event and elapsed_time reply once their records are done;
 //     sync with stream_only replies after every earlier command on its
-//     (device, stream);
+//     (device, stream), their replies, and the device's earlier frees and
+//     releases;
 //   - export_memory replies once every earlier command on its device has
 //     completed; import_memory and query_export answer at once;
 //     release_import runs, like free, after every earlier command on its
@@ -84,8 +87,11 @@
 //   dispatch_mu_. Waits for the device (SynchronizeStream, an inline
 //   command's wait for its stream) happen under dispatch_mu_ and memory_mu_
 //   (shared): the device's progress, and the host functions it runs, take
-//   neither. No other wait for another thread happens under a session
-//   lock.
+//   neither. A sync, free or release whose queues are idle drains their
+//   streams right there (DeviceRuntime::DrainStream, with dispatch_mu_
+//   held): the device and the host functions issued before, which take no
+//   lock of the session's but the leaves' (ReplyWriter, HostRegions). No
+//   other wait for another thread happens under a session lock.
 #ifndef FLAGOS_DAEMON_SESSIONS_SESSION_H_
 #define FLAGOS_DAEMON_SESSIONS_SESSION_H_
 
@@ -282,10 +288,17 @@ class Session {
   void Enqueue(v1::Command command, bool ordered) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   // Runs `action` once every command already queued on `device` (every
   // device when device < 0) has executed and the device has completed its
-  // work (completion_fences.h).
+  // work, and the host functions issued before returned (completion_fences.h).
   void AfterQueuedWork(int device, std::function<void(absl::Status)> action);
   void QueryStream(const v1::Command& command);
+  // sync of a device (every device when < 0) and sync with stream_only:
+  // after the commands they cover, the replies those owe, and the frees and
+  // releases sent before them (ReplySyncAfterFrees).
+  void SyncDevice(const v1::Command& command);
   void SyncStream(const v1::Command& command);
+  // Replies to sync `seq` with `status` once every free and release on
+  // `device` (every device when < 0) numbered up to `frees_before` ran.
+  void ReplySyncAfterFrees(uint64_t seq, int device, uint64_t frees_before, absl::Status status);
   // One request of the sync channel (its thread): dispatched, under the
   // same lock as the reading thread, once the stream has been dispatched up
   // to its after_seq. False once the session is closing.
@@ -394,8 +407,8 @@ class Session {
 
   // Event ids and their records' issued state.
   EventTable events_;
-  // Frees scheduled and not yet executed (allocate waits for them before it
-  // reports out-of-memory).
+  // Frees and releases scheduled and not yet executed (allocate waits for
+  // them before it reports out-of-memory, a sync for the ones before it).
   PendingFrees pending_frees_;
 };
 

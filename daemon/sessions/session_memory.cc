@@ -93,11 +93,12 @@ void Session::ScheduleFree(uint64_t seq, int device, DevicePtr addr) {
 }
 
 void Session::ScheduleRelease(int device, std::function<void()> release) {
-  pending_frees_.Add();
-  AfterQueuedWork(device, [this, release = std::move(release)](
+  // Numbered, so that a sync sent after it replies only once it ran.
+  const PendingFrees::Ticket ticket = pending_frees_.Add(device);
+  AfterQueuedWork(device, [this, ticket, release = std::move(release)](
                               absl::Status /*errors are the commands'*/) {
     release();
-    pending_frees_.Done();
+    pending_frees_.Done(ticket);
   });
 }
 
@@ -172,13 +173,16 @@ uint64_t Session::pinned_bytes() const { return regions_.pinned_bytes(); }
 
 void Session::ScheduleReleasePinned(uint64_t seq, uint64_t region) {
   // Copies still queued or in flight hold their own reference; the mapping
-  // goes when the last of them completes.
-  AfterQueuedWork(-1, [this, seq, region](absl::Status /*errors are the commands'*/) {
+  // goes when the last of them completes. It follows every device's
+  // commands, so a sync on any device sent after it waits for it.
+  const PendingFrees::Ticket ticket = pending_frees_.Add(-1);
+  AfterQueuedWork(-1, [this, seq, region, ticket](absl::Status /*errors are the commands'*/) {
     if (!regions_.ReleasePinned(region)) {
       ReplyError(seq, "release_pinned",
                  absl::NotFoundError(absl::StrCat("session ", id_, " has no pinned region ",
                                                   region, " to release")));
     }
+    pending_frees_.Done(ticket);
   });
 }
 

@@ -121,19 +121,42 @@ void Session::QueryStream(const v1::Command& command) {
   Reply(std::move(completion));
 }
 
+void Session::SyncDevice(const v1::Command& command) {
+  const uint64_t seq = command.seq();
+  const int device = command.device();
+  const uint64_t frees_before = pending_frees_.Latest();
+  // Once the device has completed every earlier command, not merely run
+  // it, and their replies are posted (AfterQueuedWork drains each stream).
+  AfterQueuedWork(device, [this, seq, device, frees_before](absl::Status status) {
+    ReplySyncAfterFrees(seq, device, frees_before, std::move(status));
+  });
+}
+
 void Session::SyncStream(const v1::Command& command) {
   const uint64_t seq = command.seq();
   const int device = command.device();
+  // Frees and releases belong to no stream: a stream-only sync waits for
+  // its device's earlier ones too.
+  const uint64_t frees_before = pending_frees_.Latest();
   SessionStream* state = streams_.Find(device, command.stream());
-  if (state == nullptr) return Reply(Done(seq));
+  if (state == nullptr) return ReplySyncAfterFrees(seq, device, frees_before, absl::OkStatus());
   const StreamHandle backend_stream = state->backend_stream;
-  auto sync = [this, seq, device, backend_stream] {
-    absl::Status s = backend_.runtime().SynchronizeStream(device, backend_stream);
-    if (!s.ok()) return ReplyError(seq, "sync", s);
-    Reply(Done(seq));
+  // Drained, not only synchronised: the stream's host functions post the
+  // replies of its downloads.
+  auto sync = [this, seq, device, frees_before, backend_stream] {
+    ReplySyncAfterFrees(seq, device, frees_before,
+                        backend_.runtime().DrainStream(device, backend_stream));
   };
   if (state->queue->pending() == 0) return sync();  // idle: answer from this thread
   state->queue->Push(std::move(sync));
+}
+
+void Session::ReplySyncAfterFrees(uint64_t seq, int device, uint64_t frees_before,
+                                  absl::Status status) {
+  pending_frees_.WhenDone(device, frees_before, [this, seq, status = std::move(status)] {
+    if (!status.ok()) return ReplyError(seq, "sync", status);
+    Reply(Done(seq));
+  });
 }
 
 

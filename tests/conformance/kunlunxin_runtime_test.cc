@@ -225,7 +225,7 @@ TEST(KunlunxinDeviceTest, TheSlotTableDeclaresEverySlot) {
     std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
     if (runtime == nullptr) return;
     const CapabilityTable& table = runtime->capabilities();
-    f.Expect(kSlotCount == 34, "34 slots");
+    f.Expect(kSlotCount == 35, "35 slots");
     for (int i = 0; i < kSlotCount; ++i) {
       const Slot slot = static_cast<Slot>(i);
       f.Expect(table.Declared(slot), absl::StrCat(SlotName(slot), " is not declared"));
@@ -234,6 +234,7 @@ TEST(KunlunxinDeviceTest, TheSlotTableDeclaresEverySlot) {
     f.Expect(table.status(Slot::kMemset) == SlotStatus::kEmulated, "memset is emulated");
     f.Expect(table.status(Slot::kStreamQuery) == SlotStatus::kEmulated, "stream query emulated");
     f.Expect(table.status(Slot::kLaunchHostFunc) == SlotStatus::kEmulated, "host func emulated");
+    f.Expect(table.status(Slot::kStreamDrain) == SlotStatus::kEmulated, "stream drain emulated");
     f.Expect(table.status(Slot::kEventElapsedTime) == SlotStatus::kGap, "elapsed time is a gap");
     f.Expect(table.status(Slot::kHostAddress) == SlotStatus::kGap, "host address is a gap");
     f.Expect(table.status(Slot::kHostRegister) == SlotStatus::kImplemented,
@@ -628,6 +629,35 @@ TEST(KunlunxinHostFuncTest, DestroyStreamRunsThePendingFunctionsFirst) {
     f.ExpectOk(runtime->DestroyStream(1, *stream), "DestroyStream");
     f.Expect(ran.load() == 3, absl::StrCat(ran.load(), " of 3 functions ran before DestroyStream "
                                            "returned"));
+  });
+}
+
+TEST(KunlunxinHostFuncTest, DrainStreamFromItsOwnHostFuncIsRefused) {
+  EXPECT_CHILD_PASSES([](Failures& f) {
+    UseFake("200");
+    std::unique_ptr<DeviceRuntime> runtime = MustCreate(f);
+    if (runtime == nullptr) return;
+    DeviceRuntime* r = runtime.get();
+    absl::StatusOr<StreamHandle> stream = r->CreateStream(0);
+    if (!f.ExpectOk(stream.status(), "CreateStream")) return;
+    absl::Status own = absl::UnknownError("not run");
+    absl::Status other = absl::UnknownError("not run");
+    absl::Notification ran;
+    f.ExpectOk(r->LaunchHostFunc(0, *stream,
+                                 [&, r](absl::Status) {
+                                   // It would wait for itself; another stream is fine.
+                                   own = r->DrainStream(0, *stream);
+                                   other = r->DrainStream(0, 0);
+                                   ran.Notify();
+                                 }),
+               "LaunchHostFunc");
+    f.Expect(ran.WaitForNotificationWithTimeout(absl::Seconds(30)), "the function never ran");
+    f.Expect(own.code() == absl::StatusCode::kFailedPrecondition,
+             absl::StrCat("DrainStream from its own host function: ", own.ToString()));
+    f.Expect(absl::StrContains(own.message(), "its own host functions"), own.ToString());
+    f.ExpectOk(other, "DrainStream of another stream from a host function");
+    f.ExpectOk(r->DrainStream(0, *stream), "DrainStream");
+    f.ExpectOk(r->DestroyStream(0, *stream), "DestroyStream");
   });
 }
 

@@ -83,7 +83,8 @@ TEST_P(RuntimeConformanceTest, EverySlotIsDeclaredWithHowOrWhy) {
   for (Slot slot : {Slot::kGetDeviceCount, Slot::kDeviceProperties, Slot::kMalloc, Slot::kFree,
                     Slot::kMemcpyAsync, Slot::kMemsetAsync, Slot::kDeviceSynchronize,
                     Slot::kStreamCreate, Slot::kStreamSynchronize, Slot::kStreamQuery,
-                    Slot::kEventRecord, Slot::kEventQuery, Slot::kLaunchHostFunc}) {
+                    Slot::kEventRecord, Slot::kEventQuery, Slot::kLaunchHostFunc,
+                    Slot::kStreamDrain}) {
     EXPECT_TRUE(table.Has(slot)) << SlotName(slot);
   }
 }
@@ -425,6 +426,62 @@ TEST_P(RuntimeConformanceTest, HostFuncsOfOneStreamRunInIssueOrder) {
   absl::MutexLock lock(&mu);
   ASSERT_EQ(order.size(), 20u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST_P(RuntimeConformanceTest, DrainStreamReturnsAfterEveryEarlierHostFuncReturned) {
+  // What a sync of flagosd relies on: a download's reply is posted by a
+  // host function, and the sync's reply must come after it. The functions
+  // take a while to return (the sleep widens the window in which a drain
+  // that waits for the device only would return first).
+  const StreamHandle stream = *runtime_->CreateStream(0);
+  const DevicePtr ptr = MustMalloc(0, 1 << 20);
+  const std::vector<uint8_t> in = Pattern(1 << 20, 61);
+  std::vector<uint8_t> out(in.size(), 0);
+  ASSERT_TRUE(runtime_->CopyHostToDevice(0, stream, ptr, in.data(), in.size()).ok());
+  ASSERT_TRUE(runtime_->CopyDeviceToHost(0, stream, out.data(), ptr, out.size()).ok());
+  absl::Mutex mu;
+  std::vector<int> returned;
+  std::vector<uint8_t> seen;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(runtime_
+                    ->LaunchHostFunc(0, stream,
+                                     [&, i](absl::Status status) {
+                                       EXPECT_TRUE(status.ok()) << status;
+                                       absl::SleepFor(absl::Milliseconds(20));
+                                       absl::MutexLock lock(&mu);
+                                       if (i == 0) seen = out;
+                                       returned.push_back(i);
+                                     })
+                    .ok());
+  }
+  ASSERT_TRUE(runtime_->DrainStream(0, stream).ok());
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(returned, (std::vector<int>{0, 1, 2}))
+        << "DrainStream returned before the host functions issued before it had returned";
+    EXPECT_TRUE(seen == in) << "a host function ran before the copy it follows completed";
+  }
+  EXPECT_TRUE(runtime_->DestroyStream(0, stream).ok());
+}
+
+TEST_P(RuntimeConformanceTest, DrainStreamOfTheDefaultStreamAndWithNothingIssued) {
+  // Nothing issued: returns at once, on the default stream as on another.
+  EXPECT_TRUE(runtime_->DrainStream(0, 0).ok());
+  const StreamHandle stream = *runtime_->CreateStream(0);
+  EXPECT_TRUE(runtime_->DrainStream(0, stream).ok());
+  bool ran = false;
+  ASSERT_TRUE(runtime_->LaunchHostFunc(0, 0, [&ran](absl::Status) { ran = true; }).ok());
+  ASSERT_TRUE(runtime_->DrainStream(0, 0).ok());
+  EXPECT_TRUE(ran);
+  EXPECT_TRUE(runtime_->DestroyStream(0, stream).ok());
+}
+
+TEST_P(RuntimeConformanceTest, DrainStreamOfAnUnknownStreamOrDeviceFails) {
+  const StreamHandle stream = *runtime_->CreateStream(0);
+  ASSERT_TRUE(runtime_->DestroyStream(0, stream).ok());
+  EXPECT_FALSE(runtime_->DrainStream(0, stream).ok());
+  EXPECT_EQ(runtime_->DrainStream(runtime_->DeviceCount(), 0).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(RuntimeConformanceTest, UploadSourceMayBeReusedOnceTheCopyCompleted) {

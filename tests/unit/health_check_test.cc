@@ -126,6 +126,10 @@ class FaultyRuntime : public DeviceRuntime {
   absl::StatusOr<bool> QueryStream(int device, StreamHandle stream) override {
     return inner_->QueryStream(device, stream);
   }
+  // Functions held back here are not waited for (the probe never drains).
+  absl::Status DrainStream(int device, StreamHandle stream) override {
+    return inner_->DrainStream(device, stream);
+  }
   absl::Status StreamWaitEvent(int device, StreamHandle stream, EventHandle event) override {
     return inner_->StreamWaitEvent(device, stream, event);
   }

@@ -1,8 +1,9 @@
 // The device runtime contract every flagosd backend implements.
 //
 // It covers the seeds' 28-slot runtime contract (device 5, memory 9, stream 7,
-// event 7) plus six slots flagosd adds (device properties, memory info,
-// host register, host address, host callback, device telemetry), as a C++ interface with an
+// event 7) plus seven slots flagosd adds (device properties, memory info,
+// host register, host address, host callback, stream drain, device
+// telemetry), as a C++ interface with an
 // explicit device argument on every call: the daemon serves many sessions
 // from many threads, so no thread-local "current device" exists here (a
 // backend whose vendor runtime has one sets it itself before every call).
@@ -28,6 +29,8 @@
 //   - an event recorded on the stream after the call completed
 //     (QueryEvent true, SynchronizeEvent returned);
 //   - a LaunchHostFunc issued on the stream after the call ran its function.
+// A host function is complete once it has returned: DrainStream is the one
+// call that waits for that (SynchronizeStream waits for the device only).
 // Host memory given to an issued call belongs to the device until then:
 // the source of a host→device copy must stay valid and unchanged, the
 // destination of a device→host copy must stay valid and is not to be read.
@@ -107,7 +110,7 @@ enum class Slot {
   kEventQuery, kEventElapsedTime,
   // flagosd's own
   kDeviceProperties, kMemoryInfo, kHostRegister, kHostAddress, kLaunchHostFunc,
-  kDeviceTelemetry,
+  kStreamDrain, kDeviceTelemetry,
 };
 inline constexpr int kSeedSlotCount = 28;
 inline constexpr int kSlotCount = static_cast<int>(Slot::kDeviceTelemetry) + 1;
@@ -247,6 +250,14 @@ class DeviceRuntime {
   // an error return `fn` was not run and never will be (what it holds is
   // destroyed with it).
   virtual absl::Status LaunchHostFunc(int device, StreamHandle stream, HostFunc fn) = 0;
+  // SynchronizeStream, and then blocks until every host function issued to
+  // `stream` before the call has returned (not those issued after it), so
+  // that what they did (a reply posted, a buffer released) is visible to
+  // the caller. Returns SynchronizeStream's status. FAILED_PRECONDITION
+  // when called from one of `stream`'s own host functions (it would wait
+  // for itself).
+  // REQUIRES: the caller holds nothing those host functions may wait for.
+  virtual absl::Status DrainStream(int device, StreamHandle stream) = 0;
 
   // ---- event
   virtual absl::StatusOr<EventHandle> CreateEvent(int device, bool enable_timing) = 0;
