@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/engine.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -24,9 +25,11 @@ struct EngineMembers : Engine {
   }
 };
 
-}  // namespace
+// Devices a call made from inside a device count left to the next session
+// call (0: none).
+std::atomic<int> pending_devices{0};
 
-void EnsureAutogradDeviceQueues(int devices) {
+void Grow(int devices) {
   static std::mutex mu;  // one grower at a time
   std::lock_guard<std::mutex> lock(mu);
   Engine& engine = Engine::get_default_engine();
@@ -47,6 +50,33 @@ void EnsureAutogradDeviceQueues(int devices) {
     std::thread worker(&Engine::thread_init, &engine, static_cast<int>(i), queues[i], true);
     worker.detach();
   }
+}
+
+}  // namespace
+
+void EnsureAutogradDeviceQueues(int devices, bool in_device_count) {
+  if (in_device_count) {
+    // Maybe inside start_device_threads, which counts every device type
+    // (torch_fl's session opens there when a process's first backward is a
+    // CPU one): the engine has set its thread pool but not yet its queues,
+    // and sizes them from the count it is getting. Queues grown now would
+    // be replaced, and their workers would make the engine's wait for its
+    // device threads (their count must equal the devices) wait forever.
+    // The next session call outside a device count decides.
+    int had = pending_devices.load(std::memory_order_relaxed);
+    while (had < devices &&
+           !pending_devices.compare_exchange_weak(had, devices, std::memory_order_relaxed)) {
+    }
+    return;
+  }
+  Grow(devices);
+}
+
+bool AutogradDeviceQueuesPending() { return pending_devices.load(std::memory_order_relaxed) != 0; }
+
+void EnsurePendingAutogradDeviceQueues() {
+  const int devices = pending_devices.exchange(0, std::memory_order_relaxed);
+  if (devices > 0) Grow(devices);
 }
 
 }  // namespace torch_fl

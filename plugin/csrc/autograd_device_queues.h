@@ -21,7 +21,13 @@ namespace torch_fl {
 // flagos's devices. Idempotent; called when a session opens (the device
 // count is known then), never with the runtime's lock held: the new
 // workers ask every device type for its count as they start.
-void EnsureAutogradDeviceQueues(int devices);
+// `in_device_count`: the session opened inside a device count, perhaps the
+// engine's own as it starts; then nothing grows now, and the next
+// EnsurePendingAutogradDeviceQueues (the next session call outside a device
+// count) grows what the engine, once started, still lacks.
+void EnsureAutogradDeviceQueues(int devices, bool in_device_count);
+bool AutogradDeviceQueuesPending();  // lock-free
+void EnsurePendingAutogradDeviceQueues();
 
 }  // namespace torch_fl
 

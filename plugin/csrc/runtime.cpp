@@ -235,11 +235,21 @@ flagos::client::Connection& OpenSession(bool* reopened) {
 
 }  // namespace
 
+// How deep this thread is in DeviceCount: torch's autograd engine counts
+// devices as it starts, and a session that opens then must not grow the
+// engine's queues under it (autograd_device_queues.h).
+static thread_local int device_count_depth = 0;
+
 flagos::client::Connection& Session() {
   RuntimeState& s = State();
+  flagos::client::Connection* open = nullptr;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.connection && !s.connection->ended()) return *s.connection;
+    if (s.connection && !s.connection->ended()) open = s.connection.get();
+  }
+  if (open != nullptr) {
+    if (AutogradDeviceQueuesPending() && device_count_depth == 0) EnsurePendingAutogradDeviceQueues();
+    return *open;
   }
   ThrowIfSessionLost("");
   bool reopened = false;
@@ -247,7 +257,7 @@ flagos::client::Connection& Session() {
   // An autograd engine that started before torch_fl was imported has no
   // queues for flagos devices yet (outside s.mu: its new workers count
   // devices as they start).
-  EnsureAutogradDeviceQueues(connection.info().devices_size());
+  EnsureAutogradDeviceQueues(connection.info().devices_size(), device_count_depth > 0);
   // Cached pinned blocks of a lost session would serve later pin_memory()
   // calls as ordinary memory: give them back now (outside s.mu; freeing
   // takes it).
@@ -330,7 +340,13 @@ int DeviceCountNoThrow() {
   }
 }
 
-int DeviceCount() { return Session().info().devices_size(); }
+int DeviceCount() {
+  ++device_count_depth;
+  struct Leave {
+    ~Leave() { --device_count_depth; }
+  } leave;
+  return Session().info().devices_size();
+}
 
 int CurrentDevice() { return current_device; }
 

@@ -190,7 +190,7 @@ def family_of(entry: str, subset: dict[str, tuple[str, ...]] = SUBSET) -> str | 
 # addr, huber_loss, normal) and, by family, entries that take mixed operands.
 MIXED_SUBSET: dict[str, tuple[str, ...]] = {
     "meta and kernel disagreed": ("where", "addr", "nn.functional.huber_loss", "normal"),
-    "elementwise": ("add", "mul", "div", "lerp", "addcmul", "clamp", "pow", "masked_fill"),
+    "elementwise": ("add", "mul", "div.no_rounding_mode", "lerp", "addcmul", "clamp", "pow", "masked_fill"),
     "indexing": ("index_select", "gather", "index_put", "scatter_add", "take_along_dim"),
     "linear algebra": ("matmul", "addmm", "baddbmm"),
     "losses": ("nn.functional.mse_loss", "nn.functional.cross_entropy", "nn.functional.nll_loss"),

@@ -50,3 +50,26 @@ print(y.grad.cpu().tolist(), x.grad.tolist())
 """)
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout == "[3.0, 3.0] [2.0, 2.0, 2.0]\n", (result.stdout, result.stderr)
+
+
+def test_a_first_cpu_backward_that_opens_the_session_then_flagos_backwards(run_python) -> None:
+    # torch_fl imported, no session yet, and the process's first backward is a
+    # CPU one (a test's CPU reference): the engine counts flagos's devices as it
+    # starts, which opens the session inside its start. Growing its queues
+    # there made it wait forever for its device threads (their count then
+    # exceeds the devices), intermittently. Several processes, as it was a race.
+    program = """
+import torch, torch_fl
+x = torch.ones(3, requires_grad=True)
+(x * 2).sum().backward()           # the engine starts here; its device count opens the session
+y = torch.ones(2, device="flagos:0", requires_grad=True)
+(y * 3).sum().backward()
+z = torch.ones(2, device="flagos:1", requires_grad=True)
+(z * 4).sum().backward()
+print(x.grad.tolist(), y.grad.cpu().tolist(), z.grad.cpu().tolist())
+"""
+    for _ in range(6):
+        result = run_python(program, timeout=120)
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert result.stdout == "[2.0, 2.0, 2.0] [3.0, 3.0] [4.0, 4.0]\n", (result.stdout, result.stderr)
+        assert result.stderr == "", result.stderr
