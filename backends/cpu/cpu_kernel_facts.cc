@@ -12,8 +12,9 @@ const std::vector<KernelFact>& CpuKernelFacts() {
   // meta function: one element). With operands of mixed dtypes, three kernels
   // return another dtype than their meta functions (found by
   // scripts/mixed-sweep): addr's result takes a 0-dim `self`'s dtype, where
-  // the meta function ignores it; huber_loss and normal(Tensor, Tensor)
-  // return their first operand's dtype, where the meta function promotes.
+  // the meta function ignores it; huber_loss, normal(Tensor, Tensor) and
+  // binary_cross_entropy (a weight of another dtype) return their first
+  // operand's dtype, where the meta function promotes.
   static const std::vector<KernelFact>* const facts = new std::vector<KernelFact>{
       {"aten::_embedding_bag", /*always=*/true, false, false},
       {"aten::multilabel_margin_loss_forward", true, false, false},
@@ -28,6 +29,7 @@ const std::vector<KernelFact>& CpuKernelFacts() {
       {"aten::addr", false, false, false, /*mixed_dtype_operands=*/true},
       {"aten::huber_loss", false, false, false, true},
       {"aten::normal", false, false, false, true},
+      {"aten::binary_cross_entropy", false, false, false, true},
   };
   return *facts;
 }

@@ -293,8 +293,8 @@ std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
 // for each overload, the facts of the kernels its route runs; for ATen's
 // CPU kernels: batch norm's saved statistics in reduced precision and in
 // eval mode, _embedding_bag's auxiliary outputs, layer and group norm's
-// statistics in reduced precision, the dtypes of addr, huber_loss and
-// normal with operands of mixed dtypes).
+// statistics in reduced precision, the dtypes some kernels return with
+// operands of mixed dtypes: backends/cpu/cpu_kernel_facts.cc).
 bool FirstArgumentInReducedPrecision(c10::ArrayRef<c10::IValue> args) {
   if (args.empty() || !args[0].isTensor()) return false;
   c10::ScalarType dtype = args[0].toTensor().scalar_type();

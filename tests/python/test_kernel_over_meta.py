@@ -86,8 +86,11 @@ def test_what_both_refuse_raises_the_kernels_error(call) -> None:
         lambda d: torch.nn.functional.huber_loss(torch.linspace(-2, 2, 6, device=d),
                                                  torch.linspace(1, 0, 6, dtype=torch.float64, device=d)),
         lambda d: torch.normal(torch.zeros(5, device=d), torch.zeros(5, dtype=torch.float64, device=d)),
+        # nn.BCELoss built with a float64 weight, fed float32: the CPU kernel returns float32.
+        lambda d: torch.nn.BCELoss(weight=torch.linspace(0.5, 1.5, 4, dtype=torch.float64)).to(d)(
+            torch.linspace(0.1, 0.9, 4, device=d), torch.linspace(0.9, 0.2, 4, device=d)),
     ],
-    ids=["addr-0dim-self", "huber-loss-target", "normal-std"],
+    ids=["addr-0dim-self", "huber-loss-target", "normal-std", "bce-loss-weight"],
 )
 def test_outputs_take_the_kernels_dtype_with_mixed_operands(call) -> None:
     # The backend's kernel facts (NegotiateResponse.kernel_facts, mixed_dtype_operands)
