@@ -258,6 +258,16 @@ def synchronize() -> None:
 # ------------------------------------------------------------------ samples on both devices
 
 
+@dataclass
+class ForwardOnly:
+    """A Side whose gradients are not compared (the mixed-operand sweeps): its forward's results only."""
+
+    compared: Any
+
+    def gradients(self) -> None:
+        return None
+
+
 class Side(Protocol):
     """One sample's forward on one device, kept for its backward."""
 

@@ -36,7 +36,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
-from compare import Copier, Plan, to_cpu
+from compare import Copier, ForwardOnly, Plan, to_cpu
 from families import CPU_ARGS, is_random_sample
 from harness import SAMPLE_SEED, error_verdict, supported  # noqa: F401  (the suite's interface)
 from results import CPU_SCALAR, INPUT_DTYPE, MIXED_DTYPE, entry_key
@@ -118,14 +118,6 @@ def other_dtype(t: torch.Tensor) -> torch.dtype | None:
 
 
 @dataclass
-class Side:
-    compared: Any
-
-    def gradients(self) -> None:
-        return None  # forward only
-
-
-@dataclass
 class MixedSample:
     """One variant of an OpInfo sample; `cpu_slots` stay CPU tensors on the flagos side."""
 
@@ -135,7 +127,7 @@ class MixedSample:
     random: bool
     cpu_slots: frozenset[Slot] = frozenset()
 
-    def run(self, device: str) -> Side:
+    def run(self, device: str) -> ForwardOnly:
         s = self.sample
         copier, cpu = Copier(device), Copier("cpu")
         keep = CPU_ARGS.get(self.entry, frozenset())
@@ -157,7 +149,7 @@ class MixedSample:
         )
         out = self.op(inputs.input, *inputs.args, **inputs.kwargs)
         process = s.output_process_fn_grad
-        return Side(to_cpu(process(out)) if device == "cpu" else process(to_cpu(out)))
+        return ForwardOnly(to_cpu(process(out)) if device == "cpu" else process(to_cpu(out)))
 
 
 def variants(mode: str, s: SampleInput) -> Iterator[tuple[SampleInput, frozenset[Slot]]]:

@@ -26,10 +26,9 @@ from typing import Any
 import torch
 from torch.testing._internal.common_modules import ModuleInfo
 
-from compare import Copier, Plan, map_tensors, to_cpu
+from compare import Copier, ForwardOnly, Plan, map_tensors
 from module_harness import (  # noqa: F401  (the suite's interface)
     MODULE_SEED,
-    FORWARD_SEED,
     SAMPLE_SEED,
     SAMPLE_SOURCE,
     ModuleSample,
@@ -62,14 +61,6 @@ def widen(v: Any) -> Any:
 
 
 @dataclass
-class Side:
-    compared: Any
-
-    def gradients(self) -> None:
-        return None  # forward only
-
-
-@dataclass
 class MixedModuleSample(ModuleSample):
     mode: str = ""
 
@@ -97,20 +88,9 @@ class MixedModuleSample(ModuleSample):
             values = widen(values)
         return Copier(device).value(values)
 
-    def run(self, device: str) -> Side:  # type: ignore[override]
-        module = self.build(device)
-        if self.info.is_lazy:
-            args, kwargs = self.forward_args(device)
-            with torch.no_grad():
-                module(*args, **kwargs)
-        if device == "cpu":
-            self.initial_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        else:
-            module.load_state_dict(self.initial_state)
-        args, kwargs = self.forward_args(device)
-        torch.manual_seed(FORWARD_SEED)
-        out = module(*args, **kwargs)
-        return Side({"outputs": to_cpu(out)})
+    def run(self, device: str) -> ForwardOnly:  # type: ignore[override]
+        # ModuleSample.run with this class's build and forward_args; outputs only.
+        return ForwardOnly({"outputs": super().run(device).compared["outputs"]})
 
 
 def applies(mode: str, info: ModuleInfo, sample: Any) -> bool:
