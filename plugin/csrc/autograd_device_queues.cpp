@@ -63,18 +63,14 @@ void EnsureAutogradDeviceQueues(int devices, bool in_device_count) {
     // be replaced, and their workers would make the engine's wait for its
     // device threads (their count must equal the devices) wait forever.
     // The next session call outside a device count decides.
-    int had = pending_devices.load(std::memory_order_relaxed);
-    while (had < devices &&
-           !pending_devices.compare_exchange_weak(had, devices, std::memory_order_relaxed)) {
-    }
+    pending_devices.store(devices, std::memory_order_relaxed);
     return;
   }
   Grow(devices);
 }
 
-bool AutogradDeviceQueuesPending() { return pending_devices.load(std::memory_order_relaxed) != 0; }
-
 void EnsurePendingAutogradDeviceQueues() {
+  if (pending_devices.load(std::memory_order_relaxed) == 0) return;  // every session call passes here
   const int devices = pending_devices.exchange(0, std::memory_order_relaxed);
   if (devices > 0) Grow(devices);
 }

@@ -26,8 +26,7 @@ namespace torch_fl {
 // EnsurePendingAutogradDeviceQueues (the next session call outside a device
 // count) grows what the engine, once started, still lacks.
 void EnsureAutogradDeviceQueues(int devices, bool in_device_count);
-bool AutogradDeviceQueuesPending();  // lock-free
-void EnsurePendingAutogradDeviceQueues();
+void EnsurePendingAutogradDeviceQueues();  // lock-free when nothing is pending
 
 }  // namespace torch_fl
 

@@ -248,7 +248,7 @@ flagos::client::Connection& Session() {
     if (s.connection && !s.connection->ended()) open = s.connection.get();
   }
   if (open != nullptr) {
-    if (AutogradDeviceQueuesPending() && device_count_depth == 0) EnsurePendingAutogradDeviceQueues();
+    if (device_count_depth == 0) EnsurePendingAutogradDeviceQueues();
     return *open;
   }
   ThrowIfSessionLost("");
