@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "collectives/communicators.h"
 #include "transport/flagos_service.h"
 #include "sessions/session_registry.h"
 
@@ -175,6 +176,25 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
            [](const Session& s) { return s.staging_bytes(); });
     mapped("flagosd_pinned_bytes", "Pinned host memory regions mapped for live sessions.",
            [](const Session& s) { return s.pinned_bytes(); });
+
+    // Collectives of the communicators this daemon's sessions formed.
+    const CollectiveCounts collectives = Communicators::Get().counts();
+    const auto one = [&out](const char* name, const char* help, MetricType type, uint64_t v) {
+      MetricFamily family = Family(name, help, type);
+      Add(family, static_cast<double>(v));
+      out.push_back(std::move(family));
+    };
+    one("flagosd_collectives_total",
+        "Collectives completed (one per collective of a process group, not per rank).",
+        MetricType::Counter, collectives.collectives);
+    one("flagosd_collective_bytes_total",
+        "Bytes the ranks of completed collectives contributed (each rank's input).",
+        MetricType::Counter, collectives.bytes);
+    one("flagosd_collective_failures_total",
+        "Collectives that ended in an error (a rank missing past the timeout, sizes that differ).",
+        MetricType::Counter, collectives.failed);
+    one("flagosd_communicators", "Communicators of torch.distributed process groups alive now.",
+        MetricType::Gauge, collectives.communicators);
 
     for (MetricFamily& family : metrics_.registry()->Collect()) out.push_back(std::move(family));
     return out;

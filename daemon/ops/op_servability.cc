@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "collectives/collective_ops.h"
 #include "ops/op_error_context.h"
 
 namespace flagos::daemon {
@@ -36,8 +37,10 @@ absl::Status CheckServable(const c10::FunctionSchema& schema, const std::string&
         "register_op ", full_name, ": flagosd does not run this operator: ", why,
         " (docs/reference/errors.md lists what is refused)"));
   };
-  if (!absl::StartsWith(schema.name(), "aten::")) {
-    return refused("it is not an ATen operator; flagosd runs only ATen's");
+  if (!absl::StartsWith(schema.name(), "aten::") &&
+      !absl::StartsWith(schema.name(), absl::StrCat(CollectiveOpsNamespace(), "::"))) {
+    return refused(absl::StrCat("it is not an ATen operator; flagosd runs only ATen's and its own ",
+                                CollectiveOpsNamespace(), " collectives"));
   }
   for (const c10::Argument& r : schema.returns()) {
     const c10::AliasInfo* alias = r.alias_info();

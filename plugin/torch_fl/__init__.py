@@ -36,6 +36,13 @@ _sharing.install()
 
 from . import _import_hooks  # noqa: E402
 
+if torch.distributed.is_available():
+    # The flagos c10d backend (torch_fl/distributed.py): defines the
+    # flagos_c10d operators; connects to nothing.
+    from . import distributed as _distributed  # noqa: E402
+
+    _distributed.register()
+
 
 def _register_with_lightning(namespace: str) -> None:
     from . import lightning

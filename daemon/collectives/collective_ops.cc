@@ -1,0 +1,237 @@
+// The flagos_c10d operators: the collectives torch_fl.distributed sends as
+// operators on a stream, so that they run in order with the ops before and
+// after them, on the tensors' device memory, with nothing passing through
+// the client (docs/distributed.md). Their schemas are also defined by the
+// client (plugin/torch_fl/distributed.py); the handshake's schema match
+// refuses a client whose schemas differ.
+//
+// Each kernel runs on its stream's worker with the tensors the op runner
+// wrapped (the device memory on the cpu backend, host copies on the
+// cpu_fallback route), arrives at its communicator (communicators.h) and
+// returns once every rank's tensor holds its result. The rank that arrives
+// last computes every rank's result while the others wait. (ATen TU)
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "collectives/collective_ops.h"
+#include "collectives/communicators.h"
+
+namespace flagos::daemon {
+namespace {
+
+// c10d's ReduceOp::RedOpType values, which the client sends.
+enum class ReduceOp : int64_t {
+  kSum = 0, kAvg = 1, kProduct = 2, kMin = 3, kMax = 4, kBand = 5, kBor = 6, kBxor = 7,
+};
+
+std::string ReduceOpName(int64_t op) {
+  switch (static_cast<ReduceOp>(op)) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kBand: return "band";
+    case ReduceOp::kBor: return "bor";
+    case ReduceOp::kBxor: return "bxor";
+  }
+  TORCH_CHECK(false, "flagos collective: reduce op ", op,
+              " is not one flagosd runs (sum, avg, product, min, max, band, bor, bxor; "
+              "torch_fl applies premul_sum's factor before a sum)");
+}
+
+// `acc` op= `x`, elementwise.
+void ReduceInto(int64_t op, at::Tensor& acc, const at::Tensor& x) {
+  switch (static_cast<ReduceOp>(op)) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: acc.add_(x); return;
+    case ReduceOp::kProduct: acc.mul_(x); return;
+    case ReduceOp::kMin: at::minimum_out(acc, acc, x); return;
+    case ReduceOp::kMax: at::maximum_out(acc, acc, x); return;
+    case ReduceOp::kBand: acc.bitwise_and_(x); return;
+    case ReduceOp::kBor: acc.bitwise_or_(x); return;
+    case ReduceOp::kBxor: acc.bitwise_xor_(x); return;
+  }
+}
+
+// The reduction of `inputs` (all of one dtype and size) by `op`.
+at::Tensor Reduce(int64_t op, const std::vector<at::Tensor>& inputs) {
+  at::Tensor acc = inputs[0].clone(at::MemoryFormat::Contiguous);
+  for (size_t i = 1; i < inputs.size(); ++i) ReduceInto(op, acc, inputs[i]);
+  if (static_cast<ReduceOp>(op) == ReduceOp::kAvg) {
+    const auto n = static_cast<int64_t>(inputs.size());
+    if (at::isIntegralType(acc.scalar_type(), /*includeBool=*/true)) {
+      acc.div_(n, "trunc");
+    } else {
+      acc.div_(n);
+    }
+  }
+  return acc;
+}
+
+std::string Describe(const char* kind, const at::Tensor& t, const std::string& detail = "") {
+  return absl::StrCat(kind, detail.empty() ? "" : "(", detail, detail.empty() ? "" : ")", " ",
+                      c10::toString(t.scalar_type()), "[", t.numel(), "]");
+}
+
+uint64_t Bytes(const at::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); }
+
+absl::Duration Timeout(double timeout_s) {
+  return timeout_s > 0 ? absl::Seconds(timeout_s) : absl::InfiniteDuration();
+}
+
+// The tensors a rank brings.
+struct Buffers {
+  at::Tensor out;
+  at::Tensor in;
+};
+
+// Arrives at `comm` with `buffers`; runs `combine(all ranks' buffers)` on
+// the last arrival; raises the round's error on every rank.
+template <typename F>
+void Run(const std::string& comm, int64_t rank, int64_t nranks, std::string signature,
+         Buffers buffers, uint64_t bytes, double timeout_s, F combine) {
+  const absl::Status status = Communicators::Get().Arrive(
+      comm, static_cast<int>(rank), static_cast<int>(nranks), {std::move(signature), &buffers},
+      bytes, Timeout(timeout_s), [&](absl::Span<const CollectiveArrival> arrivals) {
+        std::vector<Buffers*> all;
+        all.reserve(arrivals.size());
+        for (const CollectiveArrival& a : arrivals) all.push_back(static_cast<Buffers*>(a.buffers));
+        try {
+          combine(all);
+        } catch (const std::exception& e) {
+          return absl::InternalError(absl::StrCat("the collective failed in flagosd: ", e.what()));
+        }
+        return absl::OkStatus();
+      });
+  TORCH_CHECK(status.ok(), "flagos collective: ", status.message());
+}
+
+at::Tensor& AllReduce(at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
+                      int64_t op, double timeout_s) {
+  Run(std::string(comm), rank, nranks, Describe("all_reduce", self, ReduceOpName(op)),
+      {self, self}, Bytes(self), timeout_s, [op](const std::vector<Buffers*>& all) {
+        std::vector<at::Tensor> inputs;
+        for (Buffers* b : all) inputs.push_back(b->in);
+        const at::Tensor result = Reduce(op, inputs);
+        for (Buffers* b : all) b->out.copy_(result.view(b->out.sizes()));
+      });
+  return self;
+}
+
+at::Tensor& Broadcast(at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
+                      int64_t root, double timeout_s) {
+  TORCH_CHECK(root >= 0 && root < nranks, "flagos broadcast: root ", root, " is not a rank of ",
+              nranks);
+  Run(std::string(comm), rank, nranks, Describe("broadcast", self, absl::StrCat("root ", root)),
+      {self, self}, Bytes(self), timeout_s, [root](const std::vector<Buffers*>& all) {
+        const at::Tensor& source = all[root]->in;
+        for (size_t r = 0; r < all.size(); ++r) {
+          if (static_cast<int64_t>(r) != root) all[r]->out.copy_(source.view(all[r]->out.sizes()));
+        }
+      });
+  return self;
+}
+
+// out holds nranks blocks of `block` elements each (a contiguous layout).
+at::Tensor Blocks(const at::Tensor& t, int64_t nranks, const char* what, const char* which) {
+  TORCH_CHECK(t.is_contiguous(), "flagos ", what, ": the ", which,
+              " tensor must be contiguous (call .contiguous() first)");
+  TORCH_CHECK(t.numel() % nranks == 0, "flagos ", what, ": the ", which, " tensor's ",
+              t.numel(), " elements do not split into ", nranks, " equal blocks, one per rank");
+  return t.view({nranks, t.numel() / nranks});
+}
+
+at::Tensor& AllGather(at::Tensor& out, const at::Tensor& input, c10::string_view comm,
+                      int64_t rank, int64_t nranks, double timeout_s) {
+  TORCH_CHECK(out.numel() == input.numel() * nranks, "flagos all_gather: the output has ",
+              out.numel(), " elements, ", nranks, " ranks x ", input.numel(), " input elements are ",
+              input.numel() * nranks);
+  TORCH_CHECK(out.scalar_type() == input.scalar_type(), "flagos all_gather: output dtype ",
+              out.scalar_type(), " differs from input dtype ", input.scalar_type());
+  Run(std::string(comm), rank, nranks, Describe("all_gather", input), {out, input}, Bytes(input),
+      timeout_s, [nranks](const std::vector<Buffers*>& all) {
+        for (Buffers* b : all) {
+          const at::Tensor blocks = Blocks(b->out, nranks, "all_gather", "output");
+          for (size_t s = 0; s < all.size(); ++s) blocks[s].copy_(all[s]->in.reshape({-1}));
+        }
+      });
+  return out;
+}
+
+at::Tensor& ReduceScatter(at::Tensor& out, const at::Tensor& input, c10::string_view comm,
+                          int64_t rank, int64_t nranks, int64_t op, double timeout_s) {
+  TORCH_CHECK(input.numel() == out.numel() * nranks, "flagos reduce_scatter: the input has ",
+              input.numel(), " elements, ", nranks, " ranks x ", out.numel(),
+              " output elements are ", out.numel() * nranks);
+  TORCH_CHECK(out.scalar_type() == input.scalar_type(), "flagos reduce_scatter: output dtype ",
+              out.scalar_type(), " differs from input dtype ", input.scalar_type());
+  Run(std::string(comm), rank, nranks, Describe("reduce_scatter", input, ReduceOpName(op)),
+      {out, input}, Bytes(input), timeout_s, [op, nranks](const std::vector<Buffers*>& all) {
+        std::vector<at::Tensor> inputs;
+        for (Buffers* b : all) inputs.push_back(Blocks(b->in, nranks, "reduce_scatter", "input"));
+        const at::Tensor result = Reduce(op, inputs);
+        for (size_t r = 0; r < all.size(); ++r) {
+          all[r]->out.copy_(result[r].view(all[r]->out.sizes()));
+        }
+      });
+  return out;
+}
+
+at::Tensor& AllToAll(at::Tensor& out, const at::Tensor& input, c10::string_view comm,
+                     int64_t rank, int64_t nranks, double timeout_s) {
+  TORCH_CHECK(out.numel() == input.numel() && out.scalar_type() == input.scalar_type(),
+              "flagos all_to_all: output (", out.scalar_type(), "[", out.numel(),
+              "]) and input (", input.scalar_type(), "[", input.numel(),
+              "]) must have the same dtype and size");
+  Run(std::string(comm), rank, nranks, Describe("all_to_all", input), {out, input}, Bytes(input),
+      timeout_s, [nranks](const std::vector<Buffers*>& all) {
+        // Every input is read before any output is written: an input may be
+        // its rank's output.
+        std::vector<at::Tensor> inputs;
+        for (Buffers* b : all) inputs.push_back(Blocks(b->in, nranks, "all_to_all", "input").clone());
+        for (size_t r = 0; r < all.size(); ++r) {
+          const at::Tensor blocks = Blocks(all[r]->out, nranks, "all_to_all", "output");
+          for (size_t s = 0; s < all.size(); ++s) blocks[s].copy_(inputs[s][r]);
+        }
+      });
+  return out;
+}
+
+void DestroyCommunicator(const at::Tensor& /*anchor*/, c10::string_view comm, int64_t rank) {
+  Communicators::Get().Destroy(std::string(comm), static_cast<int>(rank));
+}
+
+}  // namespace
+
+const char* CollectiveOpsNamespace() { return "flagos_c10d"; }
+
+TORCH_LIBRARY(flagos_c10d, m) {
+  m.def("all_reduce_(Tensor(a!) self, str comm, int rank, int nranks, int reduce_op, "
+        "float timeout_s) -> Tensor(a!)");
+  m.def("broadcast_(Tensor(a!) self, str comm, int rank, int nranks, int root, "
+        "float timeout_s) -> Tensor(a!)");
+  m.def("all_gather_into_tensor_(Tensor(a!) out, Tensor input, str comm, int rank, int nranks, "
+        "float timeout_s) -> Tensor(a!)");
+  m.def("reduce_scatter_tensor_(Tensor(a!) out, Tensor input, str comm, int rank, int nranks, "
+        "int reduce_op, float timeout_s) -> Tensor(a!)");
+  m.def("all_to_all_single_(Tensor(a!) out, Tensor input, str comm, int rank, int nranks, "
+        "float timeout_s) -> Tensor(a!)");
+  m.def("destroy_communicator(Tensor anchor, str comm, int rank) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(flagos_c10d, CPU, m) {
+  m.impl("all_reduce_", &AllReduce);
+  m.impl("broadcast_", &Broadcast);
+  m.impl("all_gather_into_tensor_", &AllGather);
+  m.impl("reduce_scatter_tensor_", &ReduceScatter);
+  m.impl("all_to_all_single_", &AllToAll);
+  m.impl("destroy_communicator", &DestroyCommunicator);
+}
+
+}  // namespace flagos::daemon

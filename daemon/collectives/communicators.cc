@@ -1,0 +1,154 @@
+#include "collectives/communicators.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace flagos::daemon {
+
+struct Communicators::Round {
+  explicit Round(int nranks) : arrivals(nranks), present(nranks, false) {}
+  std::vector<CollectiveArrival> arrivals;
+  std::vector<bool> present;
+  int first = -1;      // the rank that arrived first: whose signature the others match
+  int arrived = 0;
+  int left = 0;        // arrived ranks that have returned
+  bool running = false;
+  bool done = false;
+  uint64_t bytes = 0;
+  absl::Status status;
+};
+
+struct Communicators::Communicator {
+  explicit Communicator(int n) : nranks(n), next_seq(n, 0), destroyed(n, false) {}
+  const int nranks;
+  std::vector<uint64_t> next_seq;  // each rank's next collective
+  std::vector<bool> destroyed;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Round>> rounds;
+  int waiting = 0;                 // ranks inside Arrive
+  absl::Status broken;             // the error that broke it, OK while it works
+};
+
+Communicators& Communicators::Get() {
+  static Communicators* const kCommunicators = new Communicators();
+  return *kCommunicators;
+}
+
+absl::Status Communicators::Arrive(const std::string& key, int rank, int nranks,
+                                   CollectiveArrival arrival, uint64_t bytes,
+                                   absl::Duration timeout, Combine combine) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective on communicator ", key, ": rank ", rank, " of ", nranks,
+        " is not a rank of a group of that size"));
+  }
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Communicator>& slot = comms_[key];
+  if (slot == nullptr) slot = std::make_unique<Communicator>(nranks);
+  if (slot->nranks != nranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective on communicator ", key, ": rank ", rank, " says the group has ", nranks,
+        " ranks, an earlier rank said ", slot->nranks,
+        ": every rank must create the process group with the same world size"));
+  }
+  Communicator* comm = slot.get();
+  ++comm->waiting;
+  absl::Status status = ArriveLocked(comm, key, rank, std::move(arrival), bytes, timeout, combine);
+  --comm->waiting;
+  MaybeForget(key);
+  return status;
+}
+
+absl::Status Communicators::ArriveLocked(Communicator* comm, const std::string& key, int rank,
+                                         CollectiveArrival arrival, uint64_t bytes,
+                                         absl::Duration timeout, Combine combine) {
+  if (!comm->broken.ok()) return comm->broken;
+  const uint64_t seq = comm->next_seq[rank]++;
+  std::unique_ptr<Round>& slot = comm->rounds[seq];
+  if (slot == nullptr) slot = std::make_unique<Round>(comm->nranks);
+  Round* round = slot.get();
+  const std::string what = absl::StrCat("collective #", seq, " on communicator ", key);
+  const auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    round->status = std::move(s);
+    round->done = true;
+    comm->broken = round->status;
+    ++failed_;
+  };
+  if (!round->done) {
+    if (round->first >= 0 && arrival.signature != round->arrivals[round->first].signature) {
+      fail(absl::InvalidArgumentError(absl::StrCat(
+          what, ": rank ", rank, " called ", arrival.signature, ", rank ", round->first,
+          " called ", round->arrivals[round->first].signature,
+          ": every rank must call the same collectives in the same order with the same sizes")));
+    } else {
+      if (round->first < 0) round->first = rank;
+      round->arrivals[rank] = std::move(arrival);
+      round->present[rank] = true;
+      round->bytes += bytes;
+    }
+  }
+  ++round->arrived;
+  if (!round->done && round->arrived == comm->nranks) {
+    // The last to arrive runs it, without the lock (it may take a while);
+    // the others wait for `done`.
+    round->running = true;
+    mu_.Unlock();
+    absl::Status s = combine(round->arrivals);
+    mu_.Lock();
+    round->running = false;
+    if (s.ok()) {
+      round->done = true;
+      ++completed_;
+      bytes_ += round->bytes;
+    } else {
+      fail(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
+    }
+  } else if (!round->done) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!round->done) {
+      const bool ended = mu_.AwaitWithDeadline(absl::Condition(&round->done), deadline);
+      if (ended || round->running) continue;  // running: the combine is bounded, wait for it
+      std::vector<int> missing;
+      for (int r = 0; r < comm->nranks; ++r) {
+        if (!round->present[r]) missing.push_back(r);
+      }
+      fail(absl::DeadlineExceededError(absl::StrCat(
+          what, " (", round->arrivals[round->first].signature, "): rank",
+          missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
+          " did not join it within ", absl::FormatDuration(timeout),
+          " (crashed, stopped, or called a different collective): the process group "
+          "is broken; restart the job")));
+    }
+  }
+  absl::Status status = round->status;
+  if (++round->left == round->arrived && round->done) comm->rounds.erase(seq);
+  return status;
+}
+
+void Communicators::Destroy(const std::string& key, int rank) {
+  absl::MutexLock lock(&mu_);
+  auto it = comms_.find(key);
+  if (it == comms_.end()) return;
+  if (rank >= 0 && rank < it->second->nranks) it->second->destroyed[rank] = true;
+  MaybeForget(key);
+}
+
+void Communicators::MaybeForget(const std::string& key) {
+  auto it = comms_.find(key);
+  if (it == comms_.end()) return;
+  Communicator* comm = it->second.get();
+  if (comm->waiting > 0) return;
+  bool all_destroyed = true;
+  for (bool d : comm->destroyed) all_destroyed = all_destroyed && d;
+  // A broken communicator is forgotten as soon as no rank waits in it: a
+  // rank that crashed never destroys it.
+  if (all_destroyed || !comm->broken.ok()) comms_.erase(it);
+}
+
+CollectiveCounts Communicators::counts() const {
+  absl::MutexLock lock(&mu_);
+  return {completed_, bytes_, failed_, comms_.size()};
+}
+
+}  // namespace flagos::daemon

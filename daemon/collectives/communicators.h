@@ -1,0 +1,91 @@
+// Communicators formed by the sessions of one daemon: the ranks of a
+// torch.distributed process group whose flagos tensors live on this daemon's
+// devices (torch_fl.distributed, docs/distributed.md).
+//
+// A communicator is named by the key its rank 0 published in the c10d Store
+// and lives until every rank destroyed it (or none is waiting and it broke).
+// Each rank's k-th collective on a communicator meets the other ranks' k-th
+// one, as in NCCL: a Round. Every rank that arrives waits (holding its
+// worker) until all have arrived; the last to arrive runs the collective
+// over every rank's buffers while the others wait, then all return the same
+// status. A rank that does not arrive within the collective's timeout, or
+// whose collective differs from its peers' (kind, dtype, sizes, root, op),
+// fails the round for every rank, naming who and what, and breaks the
+// communicator: every later collective on it fails at once with that error,
+// as a NCCL communicator that hit an error is aborted.
+//
+// Thread safety: every method may be called from any thread.
+#ifndef FLAGOS_DAEMON_COLLECTIVES_COMMUNICATORS_H_
+#define FLAGOS_DAEMON_COLLECTIVES_COMMUNICATORS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace flagos::daemon {
+
+// What a rank brings to a collective: a description its peers must match
+// (`signature`, e.g. "all_reduce sum float32[1024]") and its buffers (opaque
+// here; the collective's kernel knows their type).
+struct CollectiveArrival {
+  std::string signature;
+  void* buffers = nullptr;
+};
+
+// Counts the daemon shows on /metrics and GetStats.
+struct CollectiveCounts {
+  uint64_t collectives = 0;   // rounds completed (one per collective, not per rank)
+  uint64_t bytes = 0;         // bytes the completed rounds' ranks contributed
+  uint64_t failed = 0;        // rounds that ended in an error
+  uint64_t communicators = 0; // communicators alive now
+};
+
+class Communicators {
+ public:
+  // Runs a round's collective over every rank's arrival (index = rank).
+  using Combine = absl::FunctionRef<absl::Status(absl::Span<const CollectiveArrival>)>;
+
+  // The daemon's communicators.
+  static Communicators& Get();
+
+  // Rank `rank` of `nranks` arrives at its next collective on communicator
+  // `key` (created by the first arrival). Returns when the round is over:
+  // its status, the same for every rank. `bytes` counts towards /metrics.
+  absl::Status Arrive(const std::string& key, int rank, int nranks, CollectiveArrival arrival,
+                      uint64_t bytes, absl::Duration timeout, Combine combine);
+
+  // Rank `rank` is done with communicator `key`: once every rank has said
+  // so (or the communicator broke and no rank is waiting in it), it is
+  // forgotten. Unknown keys are ignored (a rank that never ran a collective).
+  void Destroy(const std::string& key, int rank);
+
+  CollectiveCounts counts() const;
+
+ private:
+  struct Round;
+  struct Communicator;
+
+  absl::Status ArriveLocked(Communicator* comm, const std::string& key, int rank,
+                            CollectiveArrival arrival, uint64_t bytes, absl::Duration timeout,
+                            Combine combine) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeForget(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Communicator>> comms_ ABSL_GUARDED_BY(mu_);
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace flagos::daemon
+
+#endif  // FLAGOS_DAEMON_COLLECTIVES_COMMUNICATORS_H_

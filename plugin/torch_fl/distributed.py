@@ -1,0 +1,284 @@
+"""torch.distributed on flagos tensors: the ``flagos`` c10d backend.
+
+``import torch_fl`` registers it for the flagos device, so that
+``init_process_group()`` with no backend, ``init_process_group("flagos")``
+and ``init_process_group("cpu:gloo,flagos:flagos")`` all give a process
+group whose collectives on flagos tensors run in flagosd (docs/distributed.md).
+
+A collective is an operator of the ``flagos_c10d`` namespace, sent on the
+tensor's current stream like any other operator: it runs in the daemon in
+order with the work before and after it, on the tensors' device memory, and
+no tensor byte passes through this process. The daemon forms the
+communicator from the sessions of the ranks (the key rank 0 publishes in
+the c10d Store) and runs each collective once every rank reached it.
+Collectives on CPU tensors go to a gloo process group over the same Store.
+
+Where it stands: every rank must use the same daemon (one node, one shared
+daemon); ranks on different daemons are refused at the group's creation
+(collectives between daemons are not built yet). send/recv and
+premul_sum are refused naming what to use instead.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import uuid
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+from . import _C
+
+NAME = "flagos"
+
+# The operators flagosd defines (daemon/collectives/collective_ops.cc), the
+# same schemas: the daemon's schema match refuses a client whose differ.
+_SCHEMAS = {
+    "all_reduce_": "all_reduce_(Tensor(a!) self, str comm, int rank, int nranks, int reduce_op, "
+                   "float timeout_s) -> Tensor(a!)",
+    "broadcast_": "broadcast_(Tensor(a!) self, str comm, int rank, int nranks, int root, "
+                  "float timeout_s) -> Tensor(a!)",
+    "all_gather_into_tensor_": "all_gather_into_tensor_(Tensor(a!) out, Tensor input, str comm, "
+                               "int rank, int nranks, float timeout_s) -> Tensor(a!)",
+    "reduce_scatter_tensor_": "reduce_scatter_tensor_(Tensor(a!) out, Tensor input, str comm, "
+                              "int rank, int nranks, int reduce_op, float timeout_s) -> Tensor(a!)",
+    "all_to_all_single_": "all_to_all_single_(Tensor(a!) out, Tensor input, str comm, int rank, "
+                          "int nranks, float timeout_s) -> Tensor(a!)",
+    "destroy_communicator": "destroy_communicator(Tensor anchor, str comm, int rank) -> ()",
+}
+
+_library = torch.library.Library("flagos_c10d", "DEF")
+for _schema in _SCHEMAS.values():
+    _library.define(_schema)
+_ops = torch.ops.flagos_c10d
+
+# c10d's ReduceOp::RedOpType values, which the daemon takes.
+_REDUCE_OPS = {
+    dist.ReduceOp.SUM: 0, dist.ReduceOp.AVG: 1, dist.ReduceOp.PRODUCT: 2,
+    dist.ReduceOp.MIN: 3, dist.ReduceOp.MAX: 4, dist.ReduceOp.BAND: 5,
+    dist.ReduceOp.BOR: 6, dist.ReduceOp.BXOR: 7,
+}
+
+
+def _reduce_op(op) -> int:
+    for known, value in _REDUCE_OPS.items():
+        if op == known:
+            return value
+    raise RuntimeError(
+        f"flagos process group: reduce op {op} is not supported on flagos tensors "
+        "(sum, avg, product, min, max, band, bor, bxor are); for premul_sum, multiply "
+        "the tensor by the factor and use sum")
+
+
+def _done(result) -> dist.Work:
+    # The collective is queued on the tensor's stream, in order with what
+    # follows: the result is ready for every later use of the tensor.
+    # Errors surface at the next synchronisation, as with any operator.
+    future = Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+def _all_on(tensors, device_type: str) -> bool:
+    return all(t.device.type == device_type for t in tensors)
+
+
+class ProcessGroupFlagos(dist.ProcessGroup):
+    """A process group whose collectives on flagos tensors run in flagosd
+    and whose collectives on CPU tensors run in gloo."""
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._timeout_s = timeout.total_seconds() if timeout else 1800.0
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+        self._comm = self._rendezvous(store)
+        self._anchor = None
+        self._finalizer = weakref.finalize(self, ProcessGroupFlagos._destroy, self._comm, rank,
+                                           [None])
+
+    def _rendezvous(self, store) -> str:
+        # Rank 0 names the communicator; every rank says which daemon
+        # session it is, and each checks that all are sessions of its own
+        # daemon (collectives between daemons are not built yet).
+        if self._rank == 0:
+            store.set("flagos/comm", f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
+        me = f"{socket.gethostname()}/{os.getpid()}/{_C._session_id()}"
+        store.set(f"flagos/session/{self._rank}", me)
+        comm = store.get("flagos/comm").decode()
+        peers = [store.get(f"flagos/session/{r}").decode() for r in range(self._size)]
+        mine = {f"{socket.gethostname()}/{s['pid']}/{s['id']}"
+                for s in _C._daemon_stats("")["sessions"]}
+        elsewhere = [r for r, p in enumerate(peers) if p not in mine]
+        if elsewhere:
+            raise RuntimeError(
+                f"flagos process group: rank{'s' if len(elsewhere) > 1 else ''} "
+                f"{', '.join(map(str, elsewhere))} use{'' if len(elsewhere) > 1 else 's'} another "
+                f"flagosd than rank {self._rank} ({_C._endpoint()}): collectives between daemons "
+                "are not built yet; point every rank's FLAGOS_ENDPOINT at one daemon "
+                "(docs/distributed.md)")
+        return comm
+
+    @staticmethod
+    def _destroy(comm: str, rank: int, anchor: list) -> None:
+        if anchor[0] is None or not _C._session_open():
+            return
+        try:
+            _ops.destroy_communicator(anchor[0], comm, rank)
+        except RuntimeError:
+            pass  # the session is gone: the daemon forgets its communicators
+
+    def _timeout(self, opts) -> float:
+        t = getattr(opts, "timeout", None)
+        seconds = t.total_seconds() if t is not None else -1
+        return seconds if seconds > 0 else self._timeout_s
+
+    def _flagos(self, tensors, what: str) -> bool:
+        """Whether `tensors` are flagos tensors (else CPU tensors for gloo)."""
+        if _all_on(tensors, "flagos"):
+            if self._anchor is None:
+                self._anchor = torch.empty(0, device=tensors[0].device)
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, ProcessGroupFlagos._destroy, self._comm,
+                                                   self._rank, [self._anchor])
+            return True
+        if _all_on(tensors, "cpu"):
+            return False
+        devices = sorted({str(t.device) for t in tensors})
+        raise RuntimeError(f"flagos process group: {what} of tensors on {', '.join(devices)}: "
+                           "a collective takes flagos tensors or CPU tensors, not a mix")
+
+    def _args(self, opts):
+        return self._comm, self._rank, self._size, self._timeout(opts)
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    def size(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupFlagos(rank={self._rank}, size={self._size})"
+
+    # Collectives. opts are c10d's option structs.
+
+    def broadcast(self, tensors, opts=dist.BroadcastOptions()):
+        if not self._flagos(tensors, "broadcast"):
+            return self._gloo.broadcast(tensors, opts)
+        comm, rank, size, timeout = self._args(opts)
+        for t in tensors:
+            _ops.broadcast_(t, comm, rank, size, opts.rootRank, timeout)
+        return _done(tensors)
+
+    def allreduce(self, tensors, opts=dist.AllreduceOptions()):
+        if not self._flagos(tensors, "allreduce"):
+            return self._gloo.allreduce(tensors, opts)
+        op = _reduce_op(opts.reduceOp)
+        comm, rank, size, timeout = self._args(opts)
+        for t in tensors:
+            _ops.all_reduce_(t, comm, rank, size, op, timeout)
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=dist.AllreduceCoalescedOptions()):
+        if not self._flagos(tensors, "allreduce_coalesced"):
+            return self._gloo.allreduce_coalesced(tensors, opts)
+        return self.allreduce(tensors, opts)
+
+    def barrier(self, opts=dist.BarrierOptions()):
+        # On the current flagos device, as NCCL's barrier is an allreduce
+        # on the current CUDA device.
+        token = torch.ones(1, device="flagos")
+        self.allreduce([token])
+        token.cpu()  # waits for every rank
+        return _done([token])
+
+    def allgather(self, output_lists, inputs, opts=dist.AllgatherOptions()):
+        flat = [t for group in output_lists for t in group] + list(inputs)
+        if not self._flagos(flat, "allgather"):
+            return self._gloo.allgather(output_lists, inputs, opts)
+        for outputs, t in zip(output_lists, inputs):
+            if len(outputs) != self._size:
+                raise RuntimeError(f"flagos allgather: {len(outputs)} output tensors for a group "
+                                   f"of {self._size} ranks")
+            gathered = torch.empty((self._size,) + tuple(t.shape), dtype=t.dtype, device=t.device)
+            self._allgather_base(gathered, t, opts)
+            for r, out in enumerate(outputs):
+                out.copy_(gathered[r])
+        return _done(output_lists)
+
+    def _allgather_base(self, output, input, opts=dist.AllgatherOptions()):
+        if not self._flagos([output, input], "all_gather_into_tensor"):
+            return self._gloo._allgather_base(output, input, opts)
+        _ops.all_gather_into_tensor_(output, input, *self._args(opts))
+        return _done([output])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=dist.AllgatherOptions()):
+        for out, t in zip(outputs, inputs):
+            self._allgather_base(out, t, opts)
+        return _done(outputs)
+
+    def reduce_scatter(self, outputs, input_lists, opts=dist.ReduceScatterOptions()):
+        flat = list(outputs) + [t for group in input_lists for t in group]
+        if not self._flagos(flat, "reduce_scatter"):
+            return self._gloo.reduce_scatter(outputs, input_lists, opts)
+        for out, inputs in zip(outputs, input_lists):
+            if len(inputs) != self._size:
+                raise RuntimeError(f"flagos reduce_scatter: {len(inputs)} input tensors for a "
+                                   f"group of {self._size} ranks")
+            self._reduce_scatter_base(out, torch.stack([t.reshape(out.shape) for t in inputs]),
+                                      opts)
+        return _done(outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=dist.ReduceScatterOptions()):
+        if not self._flagos([output, input], "reduce_scatter_tensor"):
+            return self._gloo._reduce_scatter_base(output, input, opts)
+        op = _reduce_op(opts.reduceOp)
+        comm, rank, size, timeout = self._args(opts)
+        _ops.reduce_scatter_tensor_(output, input.contiguous(), comm, rank, size, op, timeout)
+        return _done([output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=dist.ReduceScatterOptions()):
+        for out, t in zip(outputs, inputs):
+            self._reduce_scatter_base(out, t, opts)
+        return _done(outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
+                      opts=dist.AllToAllOptions()):
+        if not self._flagos([output, input], "all_to_all_single"):
+            return self._gloo.alltoall_base(output, input, output_split_sizes,
+                                            input_split_sizes, opts)
+        if output_split_sizes or input_split_sizes:
+            even = output.shape[0] // self._size if output.dim() else 0
+            if any(s != even for s in list(output_split_sizes) + list(input_split_sizes)):
+                raise RuntimeError(
+                    "flagos all_to_all_single: uneven split sizes are not supported yet on flagos "
+                    "tensors (equal splits are); pad the blocks to one size")
+        _ops.all_to_all_single_(output, input.contiguous(), *self._args(opts))
+        return _done([output])
+
+    def send(self, tensors, dst: int, tag: int):
+        if not self._flagos(tensors, "send"):
+            return self._gloo.send(tensors, dst, tag)
+        raise RuntimeError("flagos process group: send/recv of flagos tensors is not built yet; "
+                           "send a CPU copy (t.cpu()) through the same group")
+
+    def recv(self, tensors, src: int, tag: int):
+        if not self._flagos(tensors, "recv"):
+            return self._gloo.recv(tensors, src, tag)
+        raise RuntimeError("flagos process group: send/recv of flagos tensors is not built yet; "
+                           "receive into a CPU tensor through the same group")
+
+
+def _create(store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupFlagos:
+    return ProcessGroupFlagos(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Registers the ``flagos`` c10d backend for the flagos device (idempotent)."""
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, _create, devices=["flagos"])
