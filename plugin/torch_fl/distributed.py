@@ -167,29 +167,29 @@ class ProcessGroupFlagos(dist.ProcessGroup):
 
     # Collectives. opts are c10d's option structs.
 
-    def broadcast(self, tensors, opts=dist.BroadcastOptions()):
+    def broadcast(self, tensors, opts=None):
         if not self._flagos(tensors, "broadcast"):
             return self._gloo.broadcast(tensors, opts)
         comm, rank, size, timeout = self._args(opts)
         for t in tensors:
-            _ops.broadcast_(t, comm, rank, size, opts.rootRank, timeout)
+            _ops.broadcast_(t, comm, rank, size, getattr(opts, "rootRank", 0), timeout)
         return _done(tensors)
 
-    def allreduce(self, tensors, opts=dist.AllreduceOptions()):
+    def allreduce(self, tensors, opts=None):
         if not self._flagos(tensors, "allreduce"):
             return self._gloo.allreduce(tensors, opts)
-        op = _reduce_op(opts.reduceOp)
+        op = _reduce_op(getattr(opts, "reduceOp", dist.ReduceOp.SUM))
         comm, rank, size, timeout = self._args(opts)
         for t in tensors:
             _ops.all_reduce_(t, comm, rank, size, op, timeout)
         return _done(tensors)
 
-    def allreduce_coalesced(self, tensors, opts=dist.AllreduceCoalescedOptions()):
+    def allreduce_coalesced(self, tensors, opts=None):
         if not self._flagos(tensors, "allreduce_coalesced"):
             return self._gloo.allreduce_coalesced(tensors, opts)
         return self.allreduce(tensors, opts)
 
-    def barrier(self, opts=dist.BarrierOptions()):
+    def barrier(self, opts=None):
         # On the current flagos device, as NCCL's barrier is an allreduce
         # on the current CUDA device.
         token = torch.ones(1, device="flagos")
@@ -197,7 +197,7 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         token.cpu()  # waits for every rank
         return _done([token])
 
-    def allgather(self, output_lists, inputs, opts=dist.AllgatherOptions()):
+    def allgather(self, output_lists, inputs, opts=None):
         flat = [t for group in output_lists for t in group] + list(inputs)
         if not self._flagos(flat, "allgather"):
             return self._gloo.allgather(output_lists, inputs, opts)
@@ -211,18 +211,18 @@ class ProcessGroupFlagos(dist.ProcessGroup):
                 out.copy_(gathered[r])
         return _done(output_lists)
 
-    def _allgather_base(self, output, input, opts=dist.AllgatherOptions()):
+    def _allgather_base(self, output, input, opts=None):
         if not self._flagos([output, input], "all_gather_into_tensor"):
             return self._gloo._allgather_base(output, input, opts)
         _ops.all_gather_into_tensor_(output, input, *self._args(opts))
         return _done([output])
 
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=dist.AllgatherOptions()):
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         for out, t in zip(outputs, inputs):
             self._allgather_base(out, t, opts)
         return _done(outputs)
 
-    def reduce_scatter(self, outputs, input_lists, opts=dist.ReduceScatterOptions()):
+    def reduce_scatter(self, outputs, input_lists, opts=None):
         flat = list(outputs) + [t for group in input_lists for t in group]
         if not self._flagos(flat, "reduce_scatter"):
             return self._gloo.reduce_scatter(outputs, input_lists, opts)
@@ -234,21 +234,21 @@ class ProcessGroupFlagos(dist.ProcessGroup):
                                       opts)
         return _done(outputs)
 
-    def _reduce_scatter_base(self, output, input, opts=dist.ReduceScatterOptions()):
+    def _reduce_scatter_base(self, output, input, opts=None):
         if not self._flagos([output, input], "reduce_scatter_tensor"):
             return self._gloo._reduce_scatter_base(output, input, opts)
-        op = _reduce_op(opts.reduceOp)
+        op = _reduce_op(getattr(opts, "reduceOp", dist.ReduceOp.SUM))
         comm, rank, size, timeout = self._args(opts)
         _ops.reduce_scatter_tensor_(output, input.contiguous(), comm, rank, size, op, timeout)
         return _done([output])
 
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=dist.ReduceScatterOptions()):
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         for out, t in zip(outputs, inputs):
             self._reduce_scatter_base(out, t, opts)
         return _done(outputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
-                      opts=dist.AllToAllOptions()):
+                      opts=None):
         if not self._flagos([output, input], "all_to_all_single"):
             return self._gloo.alltoall_base(output, input, output_split_sizes,
                                             input_split_sizes, opts)
@@ -282,3 +282,13 @@ def register() -> None:
     """Registers the ``flagos`` c10d backend for the flagos device (idempotent)."""
     if NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(NAME, _create, devices=["flagos"])
+
+
+# torch 2.13's names for the single-tensor collectives (distributed_c10d
+# calls them on the group from Python).
+ProcessGroupFlagos.all_gather_single = ProcessGroupFlagos._allgather_base
+ProcessGroupFlagos.reduce_scatter_single = ProcessGroupFlagos._reduce_scatter_base
+ProcessGroupFlagos.all_to_all_single = ProcessGroupFlagos.alltoall_base
+ProcessGroupFlagos.all_gather_single_coalesced = ProcessGroupFlagos.allgather_into_tensor_coalesced
+ProcessGroupFlagos.reduce_scatter_single_coalesced = (
+    ProcessGroupFlagos.reduce_scatter_tensor_coalesced)
