@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "collectives/collective_ops.h"
 #include "collectives/communicators.h"
+#include "collectives/sync_batch_norm_kernels.h"
 
 namespace flagos::daemon {
 namespace {
@@ -97,7 +98,8 @@ template <typename F>
 void Run(const std::string& comm, int64_t rank, int64_t nranks, std::string signature,
          Buffers buffers, uint64_t bytes, double timeout_s, F combine) {
   const absl::Status status = Communicators::Get().Arrive(
-      comm, static_cast<int>(rank), static_cast<int>(nranks), {std::move(signature), &buffers},
+      comm, static_cast<int>(rank), static_cast<int>(nranks), CollectiveCaller::session(),
+      CollectiveCaller::pid(), {std::move(signature), &buffers},
       bytes, Timeout(timeout_s), [&](absl::Span<const CollectiveArrival> arrivals) {
         std::vector<Buffers*> all;
         all.reserve(arrivals.size());
@@ -109,7 +111,7 @@ void Run(const std::string& comm, int64_t rank, int64_t nranks, std::string sign
         }
         return absl::OkStatus();
       });
-  TORCH_CHECK(status.ok(), "flagos collective: ", status.message());
+  TORCH_CHECK(status.ok(), status.message());
 }
 
 at::Tensor& AllReduce(at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
@@ -132,7 +134,7 @@ at::Tensor& Broadcast(at::Tensor& self, c10::string_view comm, int64_t rank, int
       {self, self}, Bytes(self), timeout_s, [root](const std::vector<Buffers*>& all) {
         const at::Tensor& source = all[root]->in;
         for (size_t r = 0; r < all.size(); ++r) {
-          if (static_cast<int64_t>(r) != root) all[r]->out.copy_(source.view(all[r]->out.sizes()));
+          if (static_cast<int64_t>(r) != root) all[r]->out.copy_(source.reshape(all[r]->out.sizes()));
         }
       });
   return self;
@@ -203,13 +205,49 @@ at::Tensor& AllToAll(at::Tensor& out, const at::Tensor& input, c10::string_view 
   return out;
 }
 
+// A send and its recv form a round of a two-rank communicator of their own
+// (the sender rank 0, the receiver rank 1), named by the group's, the pair
+// and the tag: the k-th send from `src` to `dst` with a tag meets the k-th
+// matching recv. Its signature is dtype and size, which must match.
+std::string PairKey(c10::string_view comm, int64_t src, int64_t dst, int64_t tag) {
+  return absl::StrCat(std::string(comm), "/p2p/", src, "->", dst, "/tag", tag);
+}
+
+void CheckPeer(const char* what, int64_t rank, int64_t peer, int64_t nranks) {
+  TORCH_CHECK(peer >= 0 && peer < nranks && peer != rank, "flagos ", what, ": peer rank ", peer,
+              " is not another rank of the group of ", nranks, " (this is rank ", rank, ")");
+}
+
+void Send(const at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
+          int64_t dst, int64_t tag, double timeout_s) {
+  CheckPeer("send", rank, dst, nranks);
+  Run(PairKey(comm, rank, dst, tag), 0, 2, Describe("send/recv", self), {self, self},
+      Bytes(self), timeout_s, [](const std::vector<Buffers*>& all) {
+        all[1]->out.copy_(all[0]->in.reshape(all[1]->out.sizes()));
+      });
+}
+
+at::Tensor& Recv(at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
+                 int64_t src, int64_t tag, double timeout_s) {
+  CheckPeer("recv", rank, src, nranks);
+  Run(PairKey(comm, src, rank, tag), 1, 2, Describe("send/recv", self), {self, self}, 0,
+      timeout_s, [](const std::vector<Buffers*>& all) {
+        all[1]->out.copy_(all[0]->in.reshape(all[1]->out.sizes()));
+      });
+  return self;
+}
+
 void DestroyCommunicator(const at::Tensor& /*anchor*/, c10::string_view comm, int64_t rank) {
   Communicators::Get().Destroy(std::string(comm), static_cast<int>(rank));
 }
 
 }  // namespace
 
-const char* CollectiveOpsNamespace() { return "flagos_c10d"; }
+const char* CollectiveOpsNamespace() {
+  // SyncBatchNorm's host kernels come with the collectives.
+  [[maybe_unused]] static const int kSyncBatchNorm = SyncBatchNormKernelCount();
+  return "flagos_c10d";
+}
 
 TORCH_LIBRARY(flagos_c10d, m) {
   m.def("all_reduce_(Tensor(a!) self, str comm, int rank, int nranks, int reduce_op, "
@@ -222,6 +260,10 @@ TORCH_LIBRARY(flagos_c10d, m) {
         "int reduce_op, float timeout_s) -> Tensor(a!)");
   m.def("all_to_all_single_(Tensor(a!) out, Tensor input, str comm, int rank, int nranks, "
         "float timeout_s) -> Tensor(a!)");
+  m.def("send_(Tensor self, str comm, int rank, int nranks, int dst, int tag, "
+        "float timeout_s) -> ()");
+  m.def("recv_(Tensor(a!) self, str comm, int rank, int nranks, int src, int tag, "
+        "float timeout_s) -> Tensor(a!)");
   m.def("destroy_communicator(Tensor anchor, str comm, int rank) -> ()");
 }
 
@@ -231,6 +273,8 @@ TORCH_LIBRARY_IMPL(flagos_c10d, CPU, m) {
   m.impl("all_gather_into_tensor_", &AllGather);
   m.impl("reduce_scatter_tensor_", &ReduceScatter);
   m.impl("all_to_all_single_", &AllToAll);
+  m.impl("send_", &Send);
+  m.impl("recv_", &Recv);
   m.impl("destroy_communicator", &DestroyCommunicator);
 }
 

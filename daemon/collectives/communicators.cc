@@ -21,14 +21,36 @@ struct Communicators::Round {
 };
 
 struct Communicators::Communicator {
-  explicit Communicator(int n) : nranks(n), next_seq(n, 0), destroyed(n, false) {}
+  explicit Communicator(int n)
+      : nranks(n), next_seq(n, 0), destroyed(n, false), session(n, 0), pid(n, -1) {}
   const int nranks;
   std::vector<uint64_t> next_seq;  // each rank's next collective
   std::vector<bool> destroyed;
+  std::vector<uint64_t> session;   // each rank's session, 0 before its first collective
+  std::vector<int64_t> pid;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Round>> rounds;
   int waiting = 0;                 // ranks inside Arrive
   absl::Status broken;             // the error that broke it, OK while it works
 };
+
+namespace {
+thread_local uint64_t caller_session = 0;
+thread_local int64_t caller_pid = -1;
+}  // namespace
+
+CollectiveCaller::CollectiveCaller(uint64_t session, int64_t pid)
+    : prev_session_(caller_session), prev_pid_(caller_pid) {
+  caller_session = session;
+  caller_pid = pid;
+}
+
+CollectiveCaller::~CollectiveCaller() {
+  caller_session = prev_session_;
+  caller_pid = prev_pid_;
+}
+
+uint64_t CollectiveCaller::session() { return caller_session; }
+int64_t CollectiveCaller::pid() { return caller_pid; }
 
 Communicators& Communicators::Get() {
   static Communicators* const kCommunicators = new Communicators();
@@ -36,14 +58,15 @@ Communicators& Communicators::Get() {
 }
 
 absl::Status Communicators::Arrive(const std::string& key, int rank, int nranks,
-                                   CollectiveArrival arrival, uint64_t bytes,
-                                   absl::Duration timeout, Combine combine) {
+                                   uint64_t session, int64_t pid, CollectiveArrival arrival,
+                                   uint64_t bytes, absl::Duration timeout, Combine combine) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "collective on communicator ", key, ": rank ", rank, " of ", nranks,
         " is not a rank of a group of that size"));
   }
   absl::MutexLock lock(&mu_);
+  if (auto it = broken_.find(key); it != broken_.end()) return it->second;
   std::unique_ptr<Communicator>& slot = comms_[key];
   if (slot == nullptr) slot = std::make_unique<Communicator>(nranks);
   if (slot->nranks != nranks) {
@@ -53,6 +76,16 @@ absl::Status Communicators::Arrive(const std::string& key, int rank, int nranks,
         ": every rank must create the process group with the same world size"));
   }
   Communicator* comm = slot.get();
+  if (comm->session[rank] == 0) {
+    comm->session[rank] = session;
+    comm->pid[rank] = pid;
+  } else if (comm->session[rank] != session) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective on communicator ", key, ": rank ", rank, " is already process ",
+        comm->pid[rank], " (session ", comm->session[rank], "), not process ", pid,
+        ": every rank of a process group must be a different process (check RANK and "
+        "LOCAL_RANK)"));
+  }
   ++comm->waiting;
   absl::Status status = ArriveLocked(comm, key, rank, std::move(arrival), bytes, timeout, combine);
   --comm->waiting;
@@ -134,6 +167,34 @@ void Communicators::Destroy(const std::string& key, int rank) {
   MaybeForget(key);
 }
 
+void Communicators::LeaveSession(uint64_t session) {
+  if (session == 0) return;
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> touched;
+  for (auto& [key, comm] : comms_) {
+    std::vector<int> gone;
+    for (int r = 0; r < comm->nranks; ++r) {
+      if (comm->session[r] == session && !comm->destroyed[r]) gone.push_back(r);
+    }
+    if (gone.empty()) continue;
+    touched.push_back(key);
+    for (int r : gone) comm->destroyed[r] = true;
+    if (!comm->broken.ok()) continue;
+    comm->broken = absl::UnavailableError(absl::StrCat(
+        "communicator ", key, ": rank ", gone[0], " (process ", comm->pid[gone[0]],
+        ") left the process group: its session with flagosd closed (the process exited, was "
+        "killed or lost the daemon) without destroying the group; the process group is "
+        "broken; restart the job"));
+    for (auto& [seq, round] : comm->rounds) {
+      if (round->done || round->running) continue;
+      round->status = comm->broken;
+      round->done = true;
+      ++failed_;
+    }
+  }
+  for (const std::string& key : touched) MaybeForget(key);
+}
+
 void Communicators::MaybeForget(const std::string& key) {
   auto it = comms_.find(key);
   if (it == comms_.end()) return;
@@ -143,7 +204,21 @@ void Communicators::MaybeForget(const std::string& key) {
   for (bool d : comm->destroyed) all_destroyed = all_destroyed && d;
   // A broken communicator is forgotten as soon as no rank waits in it: a
   // rank that crashed never destroys it.
-  if (all_destroyed || !comm->broken.ok()) comms_.erase(it);
+  if (!all_destroyed && !comm->broken.ok()) {
+    RememberBroken(key, comm->broken);
+    comms_.erase(it);
+  } else if (all_destroyed) {
+    comms_.erase(it);
+  }
+}
+
+void Communicators::RememberBroken(const std::string& key, const absl::Status& why) {
+  if (!broken_.emplace(key, why).second) return;
+  broken_order_.push_back(key);
+  if (broken_order_.size() > kMaxBrokenRemembered) {
+    broken_.erase(broken_order_.front());
+    broken_order_.pop_front();
+  }
 }
 
 CollectiveCounts Communicators::counts() const {

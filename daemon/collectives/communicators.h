@@ -14,11 +14,19 @@
 // communicator: every later collective on it fails at once with that error,
 // as a NCCL communicator that hit an error is aborted.
 //
+// Each rank belongs to the session that first ran a collective as that
+// rank (CollectiveCaller names it). When a session closes (its process
+// exited, crashed or lost the daemon) LeaveSession breaks every
+// communicator it still had a rank in: the peers waiting in a round, and
+// every later collective, fail at once naming the rank and its process,
+// instead of waiting out the timeout; and nothing outlives the job.
+//
 // Thread safety: every method may be called from any thread.
 #ifndef FLAGOS_DAEMON_COLLECTIVES_COMMUNICATORS_H_
 #define FLAGOS_DAEMON_COLLECTIVES_COMMUNICATORS_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +57,25 @@ struct CollectiveCounts {
   uint64_t communicators = 0; // communicators alive now
 };
 
+// The session whose operator runs on this thread: set by the session
+// around an op call, read by the collective kernels (whose schemas carry
+// no session).
+class CollectiveCaller {
+ public:
+  CollectiveCaller(uint64_t session, int64_t pid);
+  ~CollectiveCaller();
+  CollectiveCaller(const CollectiveCaller&) = delete;
+  CollectiveCaller& operator=(const CollectiveCaller&) = delete;
+
+  // 0 and -1 on a thread that runs no session's op.
+  static uint64_t session();
+  static int64_t pid();
+
+ private:
+  uint64_t prev_session_;
+  int64_t prev_pid_;
+};
+
 class Communicators {
  public:
   // Runs a round's collective over every rank's arrival (index = rank).
@@ -57,11 +84,22 @@ class Communicators {
   // The daemon's communicators.
   static Communicators& Get();
 
-  // Rank `rank` of `nranks` arrives at its next collective on communicator
-  // `key` (created by the first arrival). Returns when the round is over:
-  // its status, the same for every rank. `bytes` counts towards /metrics.
-  absl::Status Arrive(const std::string& key, int rank, int nranks, CollectiveArrival arrival,
-                      uint64_t bytes, absl::Duration timeout, Combine combine);
+  // Rank `rank` of `nranks`, of session `session` (process `pid`),
+  // arrives at its next collective on communicator `key` (created by the
+  // first arrival). Returns when the round is over: its status, the same
+  // for every rank. `bytes` counts towards /metrics. INVALID_ARGUMENT when
+  // another session already is that rank.
+  absl::Status Arrive(const std::string& key, int rank, int nranks, uint64_t session,
+                      int64_t pid, CollectiveArrival arrival, uint64_t bytes,
+                      absl::Duration timeout, Combine combine);
+
+  // Session `session` closed: each communicator in which it holds a rank
+  // not yet destroyed breaks (UNAVAILABLE naming the rank and process) and
+  // the rounds waiting on it fail, except a round whose collective already
+  // runs (it finishes: it may be writing into the session's memory, which
+  // the session frees only after its streams drained). Call before the
+  // session's streams are drained: its own waiting ranks are released.
+  void LeaveSession(uint64_t session);
 
   // Rank `rank` is done with communicator `key`: once every rank has said
   // so (or the communicator broke and no rank is waiting in it), it is
@@ -79,8 +117,18 @@ class Communicators {
                             Combine combine) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeForget(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Remembers why communicator `key` broke, once it is forgotten: a rank
+  // that arrives later fails at once instead of forming it anew and
+  // waiting for ranks that are gone. The oldest are dropped beyond
+  // kMaxBrokenRemembered.
+  void RememberBroken(const std::string& key, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr size_t kMaxBrokenRemembered = 4096;
+
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Communicator>> comms_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Status> broken_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> broken_order_ ABSL_GUARDED_BY(mu_);
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "collectives/communicators.h"
 #include "logging.h"
 #include "protocol/command_validation.h"
 
@@ -289,6 +290,10 @@ Session::CloseSummary Session::Close() {
   // Ends the sync channel's read; its descriptor stays open until no reply
   // can come.
   sync_.Stop();
+  // Its ranks leave their process groups: their peers fail now instead of
+  // at the timeout, and its own workers waiting in a collective return
+  // (before the streams below are drained).
+  Communicators::Get().LeaveSession(id_);
   StreamTable::Map queues = streams_.TakeAll();
   for (auto& [key, state] : queues) state->queue->Stop();
   // The device may still be running what the queues issued: wait for it and

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "collectives/communicators.h"
 #include "execution/completion_fences.h"
 #include "protocol/command_validation.h"
 #include "sessions/session.h"
@@ -67,6 +68,7 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
       DeviceMetrics* metrics = MetricsFor(device);
       const auto start = metrics == nullptr ? std::chrono::steady_clock::time_point()
                                             : std::chrono::steady_clock::now();
+      const CollectiveCaller caller(id_, pid_);  // for the flagos_c10d kernels
       absl::Status status = ops_->Run(
           device, backend_stream, command.op(),
           [&](int d, uint64_t addr, uint64_t nbytes) {

@@ -15,8 +15,9 @@ Collectives on CPU tensors go to a gloo process group over the same Store.
 
 Where it stands: every rank must use the same daemon (one node, one shared
 daemon); ranks on different daemons are refused at the group's creation
-(collectives between daemons are not built yet). send/recv and
-premul_sum are refused naming what to use instead.
+(collectives between daemons are not built yet). premul_sum, uneven
+all_to_all splits and recv from any source are refused naming what to use
+instead.
 """
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ _SCHEMAS = {
                               "int rank, int nranks, int reduce_op, float timeout_s) -> Tensor(a!)",
     "all_to_all_single_": "all_to_all_single_(Tensor(a!) out, Tensor input, str comm, int rank, "
                           "int nranks, float timeout_s) -> Tensor(a!)",
+    "send_": "send_(Tensor self, str comm, int rank, int nranks, int dst, int tag, "
+             "float timeout_s) -> ()",
+    "recv_": "recv_(Tensor(a!) self, str comm, int rank, int nranks, int src, int tag, "
+             "float timeout_s) -> Tensor(a!)",
     "destroy_communicator": "destroy_communicator(Tensor anchor, str comm, int rank) -> ()",
 }
 
@@ -197,6 +202,73 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         token.cpu()  # waits for every rank
         return _done([token])
 
+    def reduce(self, tensors, opts=None):
+        # An allreduce whose result only the root keeps (the other ranks'
+        # tensors are left as they were, as NCCL's in-place reduce does).
+        if not self._flagos(tensors, "reduce"):
+            return self._gloo.reduce(tensors, opts)
+        op = _reduce_op(getattr(opts, "reduceOp", dist.ReduceOp.SUM))
+        comm, rank, size, timeout = self._args(opts)
+        root = getattr(opts, "rootRank", 0)
+        for t in tensors:
+            _ops.all_reduce_(t if rank == root else t.clone(), comm, rank, size, op, timeout)
+        return _done(tensors)
+
+    def gather(self, output_lists, inputs, opts=None):
+        # An allgather whose blocks only the root copies out.
+        flat = [t for group in output_lists for t in group] + list(inputs)
+        if not self._flagos(flat, "gather"):
+            return self._gloo.gather(output_lists, inputs, opts)
+        root = getattr(opts, "rootRank", 0)
+        for i, t in enumerate(inputs):
+            gathered = torch.empty((self._size,) + tuple(t.shape), dtype=t.dtype, device=t.device)
+            self._allgather_base(gathered, t.contiguous(), opts)
+            if self._rank == root:
+                outputs = output_lists[i]
+                if len(outputs) != self._size:
+                    raise RuntimeError(f"flagos gather: {len(outputs)} output tensors at the root "
+                                       f"for a group of {self._size} ranks")
+                for r, out in enumerate(outputs):
+                    out.copy_(gathered[r])
+        return _done(output_lists)
+
+    def scatter(self, outputs, input_lists, opts=None):
+        # The root's blocks broadcast as one tensor; each rank keeps its own.
+        flat = list(outputs) + [t for group in input_lists for t in group]
+        if not self._flagos(flat, "scatter"):
+            return self._gloo.scatter(outputs, input_lists, opts)
+        root = getattr(opts, "rootRank", 0)
+        comm, rank, size, timeout = self._args(opts)
+        for i, out in enumerate(outputs):
+            if rank == root:
+                if len(input_lists[i]) != size:
+                    raise RuntimeError(f"flagos scatter: {len(input_lists[i])} input tensors at "
+                                       f"the root for a group of {size} ranks")
+                blocks = torch.stack([t.reshape(out.shape) for t in input_lists[i]])
+            else:
+                blocks = torch.empty((size,) + tuple(out.shape), dtype=out.dtype,
+                                     device=out.device)
+            _ops.broadcast_(blocks, comm, rank, size, root, timeout)
+            out.copy_(blocks[rank])
+        return _done(outputs)
+
+    def alltoall(self, outputs, inputs, opts=None):
+        if not self._flagos(list(outputs) + list(inputs), "all_to_all"):
+            return self._gloo.alltoall(outputs, inputs, opts)
+        if len(outputs) != self._size or len(inputs) != self._size:
+            raise RuntimeError(f"flagos all_to_all: {len(inputs)} inputs and {len(outputs)} "
+                               f"outputs for a group of {self._size} ranks")
+        shapes = {tuple(t.shape) for t in list(outputs) + list(inputs)}
+        if len(shapes) != 1:
+            raise RuntimeError("flagos all_to_all: tensors of different shapes are not supported "
+                               "yet on flagos tensors (equal ones are); pad them to one shape")
+        send = torch.stack(list(inputs))
+        received = torch.empty_like(send)
+        _ops.all_to_all_single_(received, send, *self._args(opts))
+        for r, out in enumerate(outputs):
+            out.copy_(received[r])
+        return _done(outputs)
+
     def allgather(self, output_lists, inputs, opts=None):
         flat = [t for group in output_lists for t in group] + list(inputs)
         if not self._flagos(flat, "allgather"):
@@ -264,14 +336,24 @@ class ProcessGroupFlagos(dist.ProcessGroup):
     def send(self, tensors, dst: int, tag: int):
         if not self._flagos(tensors, "send"):
             return self._gloo.send(tensors, dst, tag)
-        raise RuntimeError("flagos process group: send/recv of flagos tensors is not built yet; "
-                           "send a CPU copy (t.cpu()) through the same group")
+        comm, rank, size, timeout = self._args(None)
+        for t in tensors:
+            _ops.send_(t, comm, rank, size, dst, tag, timeout)
+        return _done(tensors)
 
     def recv(self, tensors, src: int, tag: int):
         if not self._flagos(tensors, "recv"):
             return self._gloo.recv(tensors, src, tag)
-        raise RuntimeError("flagos process group: send/recv of flagos tensors is not built yet; "
-                           "receive into a CPU tensor through the same group")
+        comm, rank, size, timeout = self._args(None)
+        for t in tensors:
+            _ops.recv_(t, comm, rank, size, src, tag, timeout)
+        return _done(tensors)
+
+    def recv_anysource(self, tensors, tag: int):
+        if not self._flagos(tensors, "recv"):
+            return self._gloo.recv_anysource(tensors, tag)
+        raise RuntimeError("flagos process group: recv from any source is not supported on "
+                           "flagos tensors (it is not on NCCL either); name the source rank")
 
 
 def _create(store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupFlagos:

@@ -18,9 +18,9 @@ for flagos, in the Trainer's ``_AcceleratorConnector``:
 - ``precision="bf16-mixed"`` / ``"16-mixed"``: Lightning autocasts on
   ``"cuda"`` for such an accelerator; flagos gets ``torch.autocast("flagos")``.
 
-One process drives one flagos device: flagos has no ``torch.distributed``
-backend yet (no c10d process group over flagos tensors), so there is no DDP
-strategy; ``devices`` of more than one device and ``num_nodes > 1`` are
+One process drives one flagos device: Lightning's DDP strategy is not yet
+wired to flagos (torch's own DDP on the flagos c10d backend works: docs/
+distributed.md); ``devices`` of more than one device and ``num_nodes > 1`` are
 refused when the Trainer is built, saying so. Several single-device
 processes (torchrun without a process group) do work: docs/usage.md,
 "Frameworks".
@@ -39,8 +39,8 @@ NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 CONNECTOR_MODULE = "trainer.connectors.accelerator_connector"
 
 _ONE_DEVICE_ONLY = (
-    "flagos: {what} needs a distributed strategy (DDP), and flagos has no torch.distributed "
-    "backend yet (no c10d process group over flagos devices). Train on one device "
+    "flagos: {what} needs a distributed strategy (DDP), and Lightning's DDP strategy is not "
+    "wired to flagos yet (torch's own DDP under torchrun is: docs/distributed.md). Train on one device "
     "(Trainer(accelerator=\"flagos\", devices=1), or devices=[i] for device i), or start one "
     "single-device process per device without a process group (docs/usage.md, \"Frameworks\")."
 )

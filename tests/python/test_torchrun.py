@@ -1,7 +1,7 @@
 """torchrun on flagos (docs/usage.md, "Frameworks", "torchrun"): N
-single-device processes without a process group work; a process group's
-collectives on flagos tensors do not exist yet (no c10d backend for flagos),
-and the table of that section says what each call does.
+single-device processes without a process group work, and a gloo-only
+process group does what the table of that section says. Process groups
+with the flagos c10d backend are tests/python/test_distributed.py's.
 """
 
 from __future__ import annotations
@@ -61,12 +61,6 @@ import torch_fl  # noqa: F401
 rank = int(os.environ["LOCAL_RANK"])
 torch.flagos.set_device(rank)
 what = sys.argv[1]
-if what == "default_backend":
-    try:
-        dist.init_process_group()
-    except ValueError as e:
-        print(f"rank {rank} init: {e}", flush=True)
-    sys.exit(0)
 dist.init_process_group("gloo")
 x = torch.full((4,), float(rank + 1), device="flagos")
 if what == "flagos_tensor":
@@ -94,14 +88,6 @@ def process_group_script(tmp_path: Path) -> Path:
 def rank_lines(result: subprocess.CompletedProcess[str], what: str) -> list[str]:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return ranks_said(result.stdout, f"{what}:")
-
-
-def test_init_process_group_without_a_backend_says_it_knows_none_for_flagos(
-        process_group_script: Path) -> None:
-    lines = rank_lines(torchrun(process_group_script, "default_backend"), "init")
-    assert len(lines) == 2
-    for line in lines:
-        assert "We detected accelerator flagos" in line and "specify the `backend`" in line, line
 
 
 def test_a_gloo_collective_on_a_flagos_tensor_is_refused(process_group_script: Path) -> None:

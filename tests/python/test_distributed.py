@@ -1,0 +1,177 @@
+"""torch.distributed on flagos tensors (docs/distributed.md): the flagos
+c10d backend, whose collectives run in flagosd.
+
+Each test runs tests/distributed/workload.py as two ranks on a private
+daemon of the run's backend (so that its /metrics are the test's own): under
+torchrun for the collectives and DDP training, under a launcher of its own
+for the faults (torchrun would stop the job when a rank dies). The workload
+checks its values against plain torch on the CPU; the tests check its
+reports, its exit statuses and what the daemon shows afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flagos_test_env import REPO
+
+WORKLOAD = REPO / "tests" / "distributed" / "workload.py"
+RUN_TIMEOUT_S = 300
+
+
+@pytest.fixture
+def daemon(start_daemon):
+    return start_daemon(extra_args=["--metrics-listen=127.0.0.1:0"])
+
+
+def metrics(daemon) -> dict[str, float]:
+    with urllib.request.urlopen(daemon.metrics_url(), timeout=10) as reply:
+        text = reply.read().decode()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = samples.get(name, 0.0) + float(value)
+    return samples
+
+
+def summed(samples: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in samples.items() if k == prefix or k.startswith(prefix + "{"))
+
+
+def env_for(daemon, **extra: str) -> dict[str, str]:
+    return {**os.environ, "FLAGOS_ENDPOINT": daemon.endpoint, "OMP_NUM_THREADS": "1", **extra}
+
+
+def torchrun(daemon, case: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+         str(WORKLOAD), case],
+        env=env_for(daemon, **extra), cwd=WORKLOAD.parent, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(daemon, case: str, **extra: str) -> list[tuple[int, str, str]]:
+    """Both ranks as plain processes: [(exit status, stdout, stderr)] by rank."""
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, str(WORKLOAD), case],
+        env=env_for(daemon, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra),
+        cwd=WORKLOAD.parent, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for r in range(2)]
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        results.append((p.returncode, out, err))
+    return results
+
+
+def reports(stdout: str, case: str) -> list[str]:
+    """The ranks' "rank N <case>..." lines, sorted (two ranks share a pipe
+    under torchrun, so a report ends at the next one)."""
+    what = re.escape(case)
+    return sorted(m.strip() for m in re.findall(rf"rank \d {what}.*?(?=rank \d {what}|$)",
+                                                stdout, re.M))
+
+
+def ok(result: subprocess.CompletedProcess[str], case: str) -> None:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert reports(result.stdout, case) == [f"rank {r} {case} ok" for r in (0, 1)], result.stdout
+
+
+def settled(daemon, what, timeout: float = 30.0) -> dict[str, float]:
+    """The daemon's metrics once `what(samples)` holds (sessions close on
+    their own threads after the clients exit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = metrics(daemon)
+        if what(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.1)
+
+
+def quiet(samples: dict[str, float]) -> bool:
+    return samples.get("flagosd_communicators", -1) == 0 and summed(samples, "flagosd_sessions") == 0
+
+
+def test_every_collective_on_flagos_tensors_matches_its_arithmetic(daemon) -> None:
+    ok(torchrun(daemon, "collectives"), "collectives")
+    after = settled(daemon, quiet)
+    # Counted once per collective (not per rank), with the bytes the ranks gave.
+    assert after["flagosd_collectives_total"] >= 20, after
+    assert after["flagosd_collective_bytes_total"] > 0
+    assert after["flagosd_collective_failures_total"] == 0
+    assert quiet(after), after  # no communicator or session outlives the job
+
+
+@pytest.mark.parametrize("case, backend", [("ddp_mlp", "cpu:gloo,flagos:flagos"),
+                                           ("ddp_syncbn", "")])
+def test_ddp_training_matches_one_process_on_the_global_batch(daemon, case, backend) -> None:
+    # ddp_mlp with a comm hook (its future's TensorList) and the backend
+    # named per device; ddp_syncbn: a CNN whose BatchNorm is SyncBatchNorm,
+    # with no backend named.
+    ok(torchrun(daemon, case, FLAGOS_TEST_PG_BACKEND=backend), case)
+    assert quiet(settled(daemon, quiet))
+
+
+def test_a_collective_whose_sizes_differ_across_ranks_fails_on_every_rank(daemon) -> None:
+    result = torchrun(daemon, "mismatch")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    lines = reports(result.stdout, "mismatch")
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        assert re.search(r"collective #0 on communicator \S+: rank 1 called all_reduce\(sum\) "
+                         r"Float\[5\], rank 0 called all_reduce\(sum\) Float\[4\]", line), line
+    after = settled(daemon, quiet)
+    assert after["flagosd_collective_failures_total"] == 1, after
+    assert quiet(after), after
+
+
+def test_a_killed_rank_fails_its_peers_collective_at_once_naming_it(daemon, run_python) -> None:
+    # The timeout is long: the error must come from rank 1's session
+    # closing, not from the timeout.
+    (code0, out0, err0), (code1, _, _) = launch(daemon, "killed", FLAGOS_TEST_PG_TIMEOUT_S="600")
+    assert code1 == -9
+    assert code0 == 0, out0 + err0[-6000:]
+    lines = reports(out0, "killed")
+    assert len(lines) == 2, out0
+    for line in lines:
+        assert re.search(r"rank 1 \(process \d+\) left the process group: its session with "
+                         r"flagosd closed", line), line
+    after = settled(daemon, quiet)
+    assert quiet(after), after
+    # The daemon serves on.
+    check = run_python("import torch, torch_fl; print((torch.ones(3, device='flagos') * 2).sum().item())",
+                       env={"FLAGOS_ENDPOINT": daemon.endpoint})
+    assert check.returncode == 0 and check.stdout.strip() == "6.0", check.stderr
+
+
+def test_a_rank_that_never_joins_times_out_naming_it(daemon) -> None:
+    (code0, out0, err0), (code1, out1, err1) = launch(daemon, "late", FLAGOS_TEST_PG_TIMEOUT_S="3")
+    assert code0 == 0 and code1 == 0, out0 + err0[-4000:] + out1 + err1[-4000:]
+    lines = reports(out0, "late")
+    assert len(lines) == 1 and re.search(
+        r"collective #0 on communicator \S+ \(all_reduce\(sum\) Float\[4\]\): rank 1 did not "
+        r"join it within 3s", lines[0]), out0
+    assert quiet(settled(daemon, quiet))
