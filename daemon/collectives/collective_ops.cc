@@ -218,22 +218,23 @@ void CheckPeer(const char* what, int64_t rank, int64_t peer, int64_t nranks) {
               " is not another rank of the group of ", nranks, " (this is rank ", rank, ")");
 }
 
+// The round's sender (rank 0) writes into its receiver (rank 1).
+void Deliver(const std::vector<Buffers*>& pair) {
+  pair[1]->out.copy_(pair[0]->in.reshape(pair[1]->out.sizes()));
+}
+
 void Send(const at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
           int64_t dst, int64_t tag, double timeout_s) {
   CheckPeer("send", rank, dst, nranks);
   Run(PairKey(comm, rank, dst, tag), 0, 2, Describe("send/recv", self), {self, self},
-      Bytes(self), timeout_s, [](const std::vector<Buffers*>& all) {
-        all[1]->out.copy_(all[0]->in.reshape(all[1]->out.sizes()));
-      });
+      Bytes(self), timeout_s, Deliver);
 }
 
 at::Tensor& Recv(at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
                  int64_t src, int64_t tag, double timeout_s) {
   CheckPeer("recv", rank, src, nranks);
   Run(PairKey(comm, src, rank, tag), 1, 2, Describe("send/recv", self), {self, self}, 0,
-      timeout_s, [](const std::vector<Buffers*>& all) {
-        all[1]->out.copy_(all[0]->in.reshape(all[1]->out.sizes()));
-      });
+      timeout_s, Deliver);
   return self;
 }
 

@@ -202,14 +202,10 @@ void Communicators::MaybeForget(const std::string& key) {
   if (comm->waiting > 0) return;
   bool all_destroyed = true;
   for (bool d : comm->destroyed) all_destroyed = all_destroyed && d;
-  // A broken communicator is forgotten as soon as no rank waits in it: a
-  // rank that crashed never destroys it.
-  if (!all_destroyed && !comm->broken.ok()) {
-    RememberBroken(key, comm->broken);
-    comms_.erase(it);
-  } else if (all_destroyed) {
-    comms_.erase(it);
-  }
+  // A broken communicator is forgotten as soon as no rank waits in it (a
+  // rank that crashed never destroys it), and remembered as broken.
+  if (!comm->broken.ok()) RememberBroken(key, comm->broken);
+  if (all_destroyed || !comm->broken.ok()) comms_.erase(it);
 }
 
 void Communicators::RememberBroken(const std::string& key, const absl::Status& why) {

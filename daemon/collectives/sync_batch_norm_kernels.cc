@@ -43,10 +43,8 @@ at::Tensor PerChannel(const at::Tensor& per_channel, const at::Tensor& input) {
   return per_channel.reshape(shape);
 }
 
-at::Tensor Widened(const at::Tensor& t, at::ScalarType type) { return t.to(type); }
-
 std::tuple<at::Tensor, at::Tensor> Stats(const at::Tensor& input, double eps) {
-  const at::Tensor x = Widened(input, StatsType(input));
+  const at::Tensor x = input.to(StatsType(input));
   const std::vector<int64_t> dims = ReduceDims(input);
   const at::Tensor var = x.var(dims, /*correction=*/0, /*keepdim=*/false);
   const at::Tensor mean = x.mean(dims);
@@ -54,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor> Stats(const at::Tensor& input, double eps) {
 }
 
 std::tuple<at::Tensor, at::Tensor> GatherStatsWithCounts(
-    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+    const at::Tensor& /*input*/, const at::Tensor& mean, const at::Tensor& invstd,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     double momentum, double eps, const at::Tensor& counts) {
   const at::ScalarType type = mean.scalar_type();
@@ -72,7 +70,6 @@ std::tuple<at::Tensor, at::Tensor> GatherStatsWithCounts(
     const at::Tensor unbiased = global_var * total / (total - 1);
     running_var->mul_(1 - momentum).add_(unbiased.to(running_var->scalar_type()), momentum);
   }
-  (void)input;
   return {global_mean, (global_var + eps).rsqrt()};
 }
 
@@ -80,7 +77,7 @@ at::Tensor Normalized(const at::Tensor& input, const std::optional<at::Tensor>& 
                       const std::optional<at::Tensor>& bias, const at::Tensor& mean,
                       const at::Tensor& invstd) {
   const at::ScalarType type = StatsType(input);
-  at::Tensor y = (Widened(input, type) - PerChannel(mean.to(type), input)) *
+  at::Tensor y = (input.to(type) - PerChannel(mean.to(type), input)) *
                  PerChannel(invstd.to(type), input);
   if (weight.has_value() && weight->defined()) y = y * PerChannel(weight->to(type), input);
   if (bias.has_value() && bias->defined()) y = y + PerChannel(bias->to(type), input);
@@ -109,8 +106,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> BackwardReduce(
     bool weight_g, bool bias_g) {
   const at::ScalarType type = StatsType(input);
   const std::vector<int64_t> dims = ReduceDims(input);
-  const at::Tensor dy = Widened(grad_out, type);
-  const at::Tensor xmu = Widened(input, type) - PerChannel(mean.to(type), input);
+  const at::Tensor dy = grad_out.to(type);
+  const at::Tensor xmu = input.to(type) - PerChannel(mean.to(type), input);
   const at::Tensor sum_dy = dy.sum(dims);
   const at::Tensor sum_dy_xmu = (dy * xmu).sum(dims);
   const at::ScalarType weight_type =
@@ -131,11 +128,11 @@ at::Tensor BackwardElemt(const at::Tensor& grad_out, const at::Tensor& input,
   const at::Tensor mean_dy = PerChannel(sum_dy.to(type) / total, input);
   const at::Tensor mean_dy_xmu = PerChannel(sum_dy_xmu.to(type) / total, input);
   const at::Tensor istd = PerChannel(invstd.to(type), input);
-  const at::Tensor xmu = Widened(input, type) - PerChannel(mean.to(type), input);
+  const at::Tensor xmu = input.to(type) - PerChannel(mean.to(type), input);
   at::Tensor scale = istd;
   if (weight.has_value() && weight->defined()) scale = scale * PerChannel(weight->to(type), input);
   const at::Tensor grad =
-      (Widened(grad_out, type) - mean_dy - xmu * istd * istd * mean_dy_xmu) * scale;
+      (grad_out.to(type) - mean_dy - xmu * istd * istd * mean_dy_xmu) * scale;
   return grad.to(input.scalar_type()).contiguous(input.suggest_memory_format());
 }
 

@@ -204,14 +204,20 @@ def ddp(case: str) -> None:
     say(case)
 
 
-def mismatch() -> None:
-    x = torch.ones(4 + RANK, device=DEV)
+def failing_all_reduce(x: torch.Tensor, case: str, why: str) -> None:
+    """An all_reduce that must fail: reports its error's first line."""
     try:
         dist.all_reduce(x)
         x.cpu()
-        raise AssertionError("all_reduce of 4 elements on rank 0 and 5 on rank 1 did not fail")
     except RuntimeError as e:
-        say("mismatch", str(e).splitlines()[0])
+        say(case, str(e).splitlines()[0])
+        return
+    raise AssertionError(f"all_reduce {why} did not fail")
+
+
+def mismatch() -> None:
+    failing_all_reduce(torch.ones(4 + RANK, device=DEV), "mismatch",
+                       "of 4 elements on rank 0 and 5 on rank 1")
 
 
 def killed() -> None:
@@ -222,12 +228,7 @@ def killed() -> None:
         time.sleep(1.0)  # rank 0 waits in its next all_reduce meanwhile
         os.kill(os.getpid(), signal.SIGKILL)
     for attempt in ("during", "after"):
-        try:
-            dist.all_reduce(x)
-            x.cpu()
-            raise AssertionError(f"all_reduce {attempt} rank 1's death did not fail")
-        except RuntimeError as e:
-            say(f"killed {attempt}", str(e).splitlines()[0])
+        failing_all_reduce(x, f"killed {attempt}", f"{attempt} rank 1's death")
 
 
 def late() -> None:
@@ -235,13 +236,7 @@ def late() -> None:
     if RANK == 1:
         store.wait(["rank 0 timed out"], datetime.timedelta(seconds=TIMEOUT_S * 10))
         return
-    x = torch.ones(4, device=DEV)
-    try:
-        dist.all_reduce(x)
-        x.cpu()
-        raise AssertionError("all_reduce without rank 1 did not time out")
-    except RuntimeError as e:
-        say("late", str(e).splitlines()[0])
+    failing_all_reduce(torch.ones(4, device=DEV), "late", "without rank 1")
     store.set("rank 0 timed out", "1")
 
 
