@@ -3,7 +3,7 @@
 `scripts/bench` builds, starts a private flagosd, sets FLAGOS_ENDPOINT and
 runs this. Each benchmark measures its flagos figure and its baseline in the
 same run (see the module docstrings: tiny_op, roundtrip, copies, training,
-multiproc; the shared timing code is in common.py). Prints a table and, for
+multiproc, allreduce; the shared timing code is in common.py). Prints a table and, for
 a full run, writes it with the machine's description and the goals to
 docs/performance.md.
 
@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 import common  # first: puts the source tree's plugin/ on sys.path if needed
+import allreduce
 import copies
 import multiproc
 import roundtrip
@@ -36,11 +37,12 @@ BENCHMARKS = {
     "copies": copies,
     "training": training,
     "multiproc": multiproc,
+    "allreduce": allreduce,
 }
 # More than this fraction of the CPUs busy with other work makes figures unreliable.
 BUSY_WARNING = 0.15
-# The whole run takes 1-3 minutes; past this, something hangs.
-WATCHDOG_S = 480
+# The whole run takes 1-4 minutes; past this, something hangs.
+WATCHDOG_S = 540
 DEFAULT_OUTPUT = common.REPO / "docs" / "performance.md"
 # The file's last section is written by hand from scripts/instructions-per-op
 # (callgrind counts, not times): a run keeps it as it finds it.
@@ -58,6 +60,10 @@ GOALS = [
     ("4. training step", f"MLP step ≤ {training.MLP_GOAL:g}× CPU; transformer block step "
                          f"≤ {training.TRANSFORMER_GOAL:g}× CPU"),
     ("5. tiny-op throughput", "no goal; reported to show how the daemon scales with clients"),
+    ("6. allreduce", f"2 ranks on one daemon: bus bandwidth at "
+                     f"{allreduce.GOAL_BANDWIDTH_BYTES >> 20} MiB ≥ {allreduce.GOAL_BANDWIDTH:g}× "
+                     f"memcpy; at 1 KiB ≤ {allreduce.GOAL_LATENCY:g}× a gloo allreduce of CPU "
+                     f"tensors between the same processes"),
 ]
 
 

@@ -92,20 +92,23 @@ struct Buffers {
   at::Tensor in;
 };
 
-// Arrives at `comm` with `buffers`; runs `combine(all ranks' buffers)` on
-// the last arrival; raises the round's error on every rank.
-template <typename F>
+// Arrives at `comm` with `buffers` (a Buffers or a struct derived from it);
+// runs `combine(all ranks' buffers)` on the last arrival; raises the round's
+// error on every rank. `combine` may throw (TORCH_CHECK).
+template <typename B = Buffers, typename F>
 void Run(const std::string& comm, int64_t rank, int64_t nranks, std::string signature,
-         Buffers buffers, uint64_t bytes, double timeout_s, F combine) {
+         B buffers, uint64_t bytes, double timeout_s, F combine) {
   const absl::Status status = Communicators::Get().Arrive(
       comm, static_cast<int>(rank), static_cast<int>(nranks), CollectiveCaller::session(),
       CollectiveCaller::pid(), {std::move(signature), &buffers},
       bytes, Timeout(timeout_s), [&](absl::Span<const CollectiveArrival> arrivals) {
-        std::vector<Buffers*> all;
+        std::vector<B*> all;
         all.reserve(arrivals.size());
-        for (const CollectiveArrival& a : arrivals) all.push_back(static_cast<Buffers*>(a.buffers));
+        for (const CollectiveArrival& a : arrivals) all.push_back(static_cast<B*>(a.buffers));
         try {
           combine(all);
+        } catch (const c10::Error& e) {
+          return absl::InvalidArgumentError(e.what_without_backtrace());
         } catch (const std::exception& e) {
           return absl::InternalError(absl::StrCat("the collective failed in flagosd: ", e.what()));
         }
@@ -185,21 +188,79 @@ at::Tensor& ReduceScatter(at::Tensor& out, const at::Tensor& input, c10::string_
   return out;
 }
 
-at::Tensor& AllToAll(at::Tensor& out, const at::Tensor& input, c10::string_view comm,
-                     int64_t rank, int64_t nranks, double timeout_s) {
-  TORCH_CHECK(out.numel() == input.numel() && out.scalar_type() == input.scalar_type(),
-              "flagos all_to_all: output (", out.scalar_type(), "[", out.numel(),
-              "]) and input (", input.scalar_type(), "[", input.numel(),
-              "]) must have the same dtype and size");
-  Run(std::string(comm), rank, nranks, Describe("all_to_all", input), {out, input}, Bytes(input),
-      timeout_s, [nranks](const std::vector<Buffers*>& all) {
-        // Every input is read before any output is written: an input may be
-        // its rank's output.
-        std::vector<at::Tensor> inputs;
-        for (Buffers* b : all) inputs.push_back(Blocks(b->in, nranks, "all_to_all", "input").clone());
-        for (size_t r = 0; r < all.size(); ++r) {
-          const at::Tensor blocks = Blocks(all[r]->out, nranks, "all_to_all", "output");
-          for (size_t s = 0; s < all.size(); ++s) blocks[s].copy_(inputs[s][r]);
+// Rank r's output block s (output_splits[s] rows of its output) is rank s's
+// input block r (input_splits[r] rows of its input); empty splits mean
+// nranks equal blocks. A row is the elements of one index of dim 0 (of a
+// flattened tensor: one element), which every rank's tensors share.
+std::vector<int64_t> Splits(const at::Tensor& t, at::IntArrayRef splits, int64_t nranks,
+                            const char* which) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  if (splits.empty()) {
+    TORCH_CHECK(rows % nranks == 0, "flagos all_to_all: the ", which, " tensor's ", rows,
+                " rows do not split into ", nranks, " equal blocks, one per rank (pass split sizes)");
+    return std::vector<int64_t>(nranks, rows / nranks);
+  }
+  TORCH_CHECK(static_cast<int64_t>(splits.size()) == nranks, "flagos all_to_all: ", splits.size(),
+              " ", which, " split sizes for a group of ", nranks, " ranks");
+  int64_t total = 0;
+  for (int64_t n : splits) {
+    TORCH_CHECK(n >= 0, "flagos all_to_all: a negative ", which, " split size (", n, ")");
+    total += n;
+  }
+  TORCH_CHECK(total == rows, "flagos all_to_all: the ", which, " split sizes add up to ", total,
+              " rows, the ", which, " tensor has ", rows);
+  return {splits.begin(), splits.end()};
+}
+
+// A 0-dim tensor as one row.
+at::Tensor Rows(const at::Tensor& t) { return t.dim() == 0 ? t.reshape({1}) : t; }
+
+int64_t RowNumel(const at::Tensor& t) {
+  return t.dim() == 0 ? 1 : c10::multiply_integers(t.sizes().slice(1));
+}
+
+struct AllToAllBuffers : Buffers {
+  std::vector<int64_t> out_splits;
+  std::vector<int64_t> in_splits;
+};
+
+at::Tensor& AllToAll(at::Tensor& out, const at::Tensor& input, at::IntArrayRef output_splits,
+                     at::IntArrayRef input_splits, c10::string_view comm, int64_t rank,
+                     int64_t nranks, double timeout_s) {
+  TORCH_CHECK(out.scalar_type() == input.scalar_type(), "flagos all_to_all: output dtype ",
+              out.scalar_type(), " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK(out.is_contiguous() && input.is_contiguous(),
+              "flagos all_to_all: the tensors must be contiguous (call .contiguous() first)");
+  TORCH_CHECK(out.dim() == input.dim() && (out.dim() == 0 || RowNumel(out) == RowNumel(input)),
+              "flagos all_to_all: output rows of ", RowNumel(out), " elements, input rows of ",
+              RowNumel(input), ": both tensors' rows (dim 0) must have one shape");
+  AllToAllBuffers buffers{{out, input},
+                          Splits(out, output_splits, nranks, "output"),
+                          Splits(input, input_splits, nranks, "input")};
+  const std::string signature = absl::StrCat("all_to_all ", c10::toString(input.scalar_type()),
+                                             "[rows of ", RowNumel(input), "]");
+  Run(std::string(comm), rank, nranks, signature, std::move(buffers), Bytes(input), timeout_s,
+      [](const std::vector<AllToAllBuffers*>& all) {
+        const size_t n = all.size();
+        for (size_t r = 0; r < n; ++r) {
+          for (size_t s = 0; s < n; ++s) {
+            TORCH_CHECK(all[r]->out_splits[s] == all[s]->in_splits[r], "all_to_all: rank ", r,
+                        " expects ", all[r]->out_splits[s], " rows from rank ", s,
+                        ", which sends it ", all[s]->in_splits[r],
+                        ": each rank's output split sizes must be its peers' input split sizes");
+          }
+        }
+        // Every input is read before any output is written: an input may
+        // be its rank's output.
+        std::vector<std::vector<at::Tensor>> blocks(n);
+        for (size_t s = 0; s < n; ++s) {
+          for (const at::Tensor& b : Rows(all[s]->in).split_with_sizes(all[s]->in_splits)) {
+            blocks[s].push_back(b.clone());
+          }
+        }
+        for (size_t r = 0; r < n; ++r) {
+          const std::vector<at::Tensor> outs = Rows(all[r]->out).split_with_sizes(all[r]->out_splits);
+          for (size_t s = 0; s < n; ++s) outs[s].copy_(blocks[s][r]);
         }
       });
   return out;
@@ -259,8 +320,8 @@ TORCH_LIBRARY(flagos_c10d, m) {
         "float timeout_s) -> Tensor(a!)");
   m.def("reduce_scatter_tensor_(Tensor(a!) out, Tensor input, str comm, int rank, int nranks, "
         "int reduce_op, float timeout_s) -> Tensor(a!)");
-  m.def("all_to_all_single_(Tensor(a!) out, Tensor input, str comm, int rank, int nranks, "
-        "float timeout_s) -> Tensor(a!)");
+  m.def("all_to_all_single_(Tensor(a!) out, Tensor input, int[] output_splits, "
+        "int[] input_splits, str comm, int rank, int nranks, float timeout_s) -> Tensor(a!)");
   m.def("send_(Tensor self, str comm, int rank, int nranks, int dst, int tag, "
         "float timeout_s) -> ()");
   m.def("recv_(Tensor(a!) self, str comm, int rank, int nranks, int src, int tag, "

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "execution/worker_pool.h"
 
 namespace flagos::daemon {
 
@@ -60,7 +61,13 @@ Communicators& Communicators::Get() {
 absl::Status Communicators::Arrive(const std::string& key, int rank, int nranks,
                                    uint64_t session, int64_t pid, CollectiveArrival arrival,
                                    uint64_t bytes, absl::Duration timeout, Combine combine) {
-  if (nranks < 1 || rank < 0 || rank >= nranks) {
+  if (nranks < 1 || nranks > kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective on communicator ", key, ": a group of ", nranks,
+        " ranks; one flagosd forms groups of 1 to ", kMaxRanks,
+        " ranks (each rank is a session of this daemon)"));
+  }
+  if (rank < 0 || rank >= nranks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "collective on communicator ", key, ": rank ", rank, " of ", nranks,
         " is not a rank of a group of that size"));
@@ -138,6 +145,15 @@ absl::Status Communicators::ArriveLocked(Communicator* comm, const std::string& 
       fail(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
     }
   } else if (!round->done) {
+    // Waiting here holds this stream's worker: the pool stands a spare in
+    // for it, so that the peers' ranks on the same device get workers.
+    WorkerPool::Blocking blocking;
+    if (!blocking.ok()) {
+      fail(absl::ResourceExhaustedError(absl::StrCat(
+          what, " (", round->arrivals[round->first].signature, "): ", WorkerPool::kMaxBlocked,
+          " collectives already wait for their peers on this device's workers; the process "
+          "group is broken: run fewer process groups or ranks per device at once")));
+    }
     const absl::Time deadline = absl::Now() + timeout;
     while (!round->done) {
       const bool ended = mu_.AwaitWithDeadline(absl::Condition(&round->done), deadline);

@@ -21,6 +21,13 @@
 // every later collective, fail at once naming the rank and its process,
 // instead of waiting out the timeout; and nothing outlives the job.
 //
+// A rank waiting for its peers holds its stream's worker, inside a
+// WorkerPool::Blocking scope: the device's pool runs the other ranks' work on
+// spare threads, so that a group may have more ranks on one device than the
+// device has workers (--workers-per-device). At most WorkerPool::kMaxBlocked
+// ranks wait per device at once; a rank beyond that fails its round
+// (RESOURCE_EXHAUSTED) rather than wait.
+//
 // Thread safety: every method may be called from any thread.
 #ifndef FLAGOS_DAEMON_COLLECTIVES_COMMUNICATORS_H_
 #define FLAGOS_DAEMON_COLLECTIVES_COMMUNICATORS_H_
@@ -107,6 +114,10 @@ class Communicators {
   void Destroy(const std::string& key, int rank);
 
   CollectiveCounts counts() const;
+
+  // The largest group one daemon forms: each rank is a session of its own,
+  // and a communicator's state grows with its ranks.
+  static constexpr int kMaxRanks = 4096;
 
  private:
   struct Round;

@@ -19,7 +19,11 @@
 // A job must not wait for another job of the same pool to run (the workers
 // could all be waiting): a queue whose next task needs another queue's work
 // parks instead (StreamQueue::PushGate) and is scheduled again when that
-// work is done. Jobs may block on the device or the runtime (each holds its
+// work is done, or, where it cannot park (a collective's rank waiting for
+// its peers inside an operator, collectives/communicators.h), waits inside
+// a Blocking scope: while it waits, the pool runs the other jobs on a spare
+// thread when no worker is free, so that waiting jobs never hold all the
+// workers. Jobs may block on the device or the runtime (each holds its
 // worker meanwhile: one session can occupy as many workers as it has busy
 // streams on the device; no per-session share is enforced yet), never on a
 // client's socket: replies are posted to the session's ReplyWriter, which
@@ -67,7 +71,34 @@ class WorkerPool {
 
   static constexpr int kAnyWorker = -1;
 
-  int workers() const { return static_cast<int>(workers_.size()); }
+  // A job that waits for other jobs of its own pool declares it with a
+  // Blocking on its stack. While any is alive the pool keeps `workers`
+  // threads free for the other jobs, starting spare threads as jobs need
+  // them (at most kMaxBlocked at a time); a spare retires when it goes idle
+  // with more threads free than `workers`. On a thread that is no worker of
+  // a pool it does nothing.
+  class Blocking {
+   public:
+    Blocking();
+    ~Blocking();
+    Blocking(const Blocking&) = delete;
+    Blocking& operator=(const Blocking&) = delete;
+    // False when kMaxBlocked jobs of this pool already wait: the caller
+    // should fail rather than wait (it would hold a worker the others need).
+    bool ok() const { return ok_; }
+
+   private:
+    WorkerPool* pool_;
+    bool ok_ = true;
+  };
+  static constexpr int kMaxBlocked = 256;
+
+  // The workers the pool keeps free for jobs (the constructor's `workers`).
+  int workers() const { return target_; }
+  // Threads alive now: workers() plus the spares standing in for blocked jobs.
+  int threads() const;
+  // Jobs inside a Blocking scope now.
+  int blocked() const;
   // Workers asleep, waiting for a job.
   int idle_workers() const;
   // Whether a scheduled job waits for a worker (none is idle).
@@ -80,9 +111,16 @@ class WorkerPool {
     // Handed over by Schedule while the worker sleeps (guarded by mu_).
     Job job;
     std::thread thread;
+    bool retired = false;  // its thread left Run (guarded by mu_)
   };
 
-  void Run(int index);
+  void Run(int index, Worker* self);
+  // Starts a thread (in a retired worker's slot if there is one) that runs
+  // `job` first. Only while fewer than workers() threads are free.
+  void SpawnLocked(Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ShortOfWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return live_ - blocked_ < target_;
+  }
 
   const std::string name_;
   // A leaf: jobs run, and queues schedule, without it.
@@ -92,8 +130,12 @@ class WorkerPool {
   // Indices of the workers asleep, the one that went idle last at the back.
   std::vector<int> idle_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Sized once in the constructor; the threads start when all exist.
-  std::vector<std::unique_ptr<Worker>> workers_;
+  const int target_;
+  int live_ ABSL_GUARDED_BY(mu_) = 0;     // threads not retired
+  int blocked_ ABSL_GUARDED_BY(mu_) = 0;  // jobs inside a Blocking
+  // Grows when a spare starts in no retired slot; read without mu_ only
+  // once stopping_ is set (nothing grows it then).
+  std::vector<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
 };
 
 // The default workers per device: 2 x the host's cores, at least 4 and at

@@ -15,9 +15,8 @@ Collectives on CPU tensors go to a gloo process group over the same Store.
 
 Where it stands: every rank must use the same daemon (one node, one shared
 daemon); ranks on different daemons are refused at the group's creation
-(collectives between daemons are not built yet). premul_sum, uneven
-all_to_all splits and recv from any source are refused naming what to use
-instead.
+(collectives between daemons are not built yet). recv from any source is
+refused naming what to use instead.
 """
 from __future__ import annotations
 
@@ -47,8 +46,9 @@ _SCHEMAS = {
                                "int rank, int nranks, float timeout_s) -> Tensor(a!)",
     "reduce_scatter_tensor_": "reduce_scatter_tensor_(Tensor(a!) out, Tensor input, str comm, "
                               "int rank, int nranks, int reduce_op, float timeout_s) -> Tensor(a!)",
-    "all_to_all_single_": "all_to_all_single_(Tensor(a!) out, Tensor input, str comm, int rank, "
-                          "int nranks, float timeout_s) -> Tensor(a!)",
+    "all_to_all_single_": "all_to_all_single_(Tensor(a!) out, Tensor input, int[] output_splits, "
+                          "int[] input_splits, str comm, int rank, int nranks, "
+                          "float timeout_s) -> Tensor(a!)",
     "send_": "send_(Tensor self, str comm, int rank, int nranks, int dst, int tag, "
              "float timeout_s) -> ()",
     "recv_": "recv_(Tensor(a!) self, str comm, int rank, int nranks, int src, int tag, "
@@ -69,14 +69,24 @@ _REDUCE_OPS = {
 }
 
 
-def _reduce_op(op) -> int:
+def _reduce_op(opts):
+    """The daemon's reduce op for `opts`, and premul_sum's factor (else None):
+    premul_sum is a sum of the inputs each multiplied by the factor first."""
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    if op == dist.ReduceOp.PREMUL_SUM:
+        return _REDUCE_OPS[dist.ReduceOp.SUM], op.factor
     for known, value in _REDUCE_OPS.items():
         if op == known:
-            return value
+            return value, None
     raise RuntimeError(
         f"flagos process group: reduce op {op} is not supported on flagos tensors "
-        "(sum, avg, product, min, max, band, bor, bxor are); for premul_sum, multiply "
-        "the tensor by the factor and use sum")
+        "(sum, avg, product, min, max, band, bor, bxor and premul_sum are)")
+
+
+def _premultiplied(t: torch.Tensor, factor, in_place: bool) -> torch.Tensor:
+    if factor is None:
+        return t
+    return t.mul_(factor) if in_place else t * factor
 
 
 def _done(result) -> dist.Work:
@@ -100,6 +110,8 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank = rank
         self._size = size
+        self._group_name = ""
+        self._group_desc = ""
         self._timeout_s = timeout.total_seconds() if timeout else 1800.0
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
         self._comm = self._rendezvous(store)
@@ -164,6 +176,21 @@ class ProcessGroupFlagos(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return NAME
 
+    # c10d keeps a group's name and description in its backends; this group
+    # is its own backend, so it keeps them (DeviceMesh, FSDP2 and the
+    # functional collectives find groups by name).
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
     def size(self) -> int:
         return self._size
 
@@ -183,10 +210,10 @@ class ProcessGroupFlagos(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if not self._flagos(tensors, "allreduce"):
             return self._gloo.allreduce(tensors, opts)
-        op = _reduce_op(getattr(opts, "reduceOp", dist.ReduceOp.SUM))
+        op, factor = _reduce_op(opts)
         comm, rank, size, timeout = self._args(opts)
         for t in tensors:
-            _ops.all_reduce_(t, comm, rank, size, op, timeout)
+            _ops.all_reduce_(_premultiplied(t, factor, True), comm, rank, size, op, timeout)
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -207,11 +234,13 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         # tensors are left as they were, as NCCL's in-place reduce does).
         if not self._flagos(tensors, "reduce"):
             return self._gloo.reduce(tensors, opts)
-        op = _reduce_op(getattr(opts, "reduceOp", dist.ReduceOp.SUM))
+        op, factor = _reduce_op(opts)
         comm, rank, size, timeout = self._args(opts)
         root = getattr(opts, "rootRank", 0)
         for t in tensors:
-            _ops.all_reduce_(t if rank == root else t.clone(), comm, rank, size, op, timeout)
+            mine = _premultiplied(t, factor, True) if rank == root else (
+                _premultiplied(t, factor, False) if factor is not None else t.clone())
+            _ops.all_reduce_(mine, comm, rank, size, op, timeout)
         return _done(tensors)
 
     def gather(self, output_lists, inputs, opts=None):
@@ -258,15 +287,14 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         if len(outputs) != self._size or len(inputs) != self._size:
             raise RuntimeError(f"flagos all_to_all: {len(inputs)} inputs and {len(outputs)} "
                                f"outputs for a group of {self._size} ranks")
-        shapes = {tuple(t.shape) for t in list(outputs) + list(inputs)}
-        if len(shapes) != 1:
-            raise RuntimeError("flagos all_to_all: tensors of different shapes are not supported "
-                               "yet on flagos tensors (equal ones are); pad them to one shape")
-        send = torch.stack(list(inputs))
-        received = torch.empty_like(send)
-        _ops.all_to_all_single_(received, send, *self._args(opts))
-        for r, out in enumerate(outputs):
-            out.copy_(received[r])
+        # One all_to_all of the flattened tensors, split by their sizes.
+        send = torch.cat([t.reshape(-1) for t in inputs])
+        received = torch.empty(sum(t.numel() for t in outputs), dtype=send.dtype,
+                               device=send.device)
+        _ops.all_to_all_single_(received, send, [t.numel() for t in outputs],
+                                [t.numel() for t in inputs], *self._args(opts))
+        for out, block in zip(outputs, received.split([t.numel() for t in outputs])):
+            out.copy_(block.view(out.shape))
         return _done(outputs)
 
     def allgather(self, output_lists, inputs, opts=None):
@@ -309,9 +337,10 @@ class ProcessGroupFlagos(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):
         if not self._flagos([output, input], "reduce_scatter_tensor"):
             return self._gloo._reduce_scatter_base(output, input, opts)
-        op = _reduce_op(getattr(opts, "reduceOp", dist.ReduceOp.SUM))
+        op, factor = _reduce_op(opts)
         comm, rank, size, timeout = self._args(opts)
-        _ops.reduce_scatter_tensor_(output, input.contiguous(), comm, rank, size, op, timeout)
+        _ops.reduce_scatter_tensor_(output, _premultiplied(input, factor, False).contiguous(), comm,
+                                    rank, size, op, timeout)
         return _done([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -324,13 +353,14 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         if not self._flagos([output, input], "all_to_all_single"):
             return self._gloo.alltoall_base(output, input, output_split_sizes,
                                             input_split_sizes, opts)
-        if output_split_sizes or input_split_sizes:
-            even = output.shape[0] // self._size if output.dim() else 0
-            if any(s != even for s in list(output_split_sizes) + list(input_split_sizes)):
-                raise RuntimeError(
-                    "flagos all_to_all_single: uneven split sizes are not supported yet on flagos "
-                    "tensors (equal splits are); pad the blocks to one size")
-        _ops.all_to_all_single_(output, input.contiguous(), *self._args(opts))
+        if output.is_contiguous():
+            _ops.all_to_all_single_(output, input.contiguous(), list(output_split_sizes),
+                                    list(input_split_sizes), *self._args(opts))
+        else:
+            received = torch.empty_like(output, memory_format=torch.contiguous_format)
+            _ops.all_to_all_single_(received, input.contiguous(), list(output_split_sizes),
+                                    list(input_split_sizes), *self._args(opts))
+            output.copy_(received)
         return _done([output])
 
     def send(self, tensors, dst: int, tag: int):

@@ -112,6 +112,30 @@ def collectives() -> None:
     dist.all_to_all(outs, [b.to(DEV) for b in blocks])
     for r in range(WORLD):
         same(outs[r], all_blocks[r, RANK], f"all_to_all block from {r}")
+    # Uneven splits: rank s sends rank r (r + s + 1) rows of 3.
+    def rows(s: int, r: int) -> torch.Tensor:
+        return value(s, 3 * (r + s + 1)).reshape(-1, 3) * (r + 1)
+    send = torch.cat([rows(RANK, r) for r in range(WORLD)]).to(DEV)
+    out = torch.empty(sum(r + RANK + 1 for r in range(WORLD)), 3, device=DEV)
+    dist.all_to_all_single(out, send, [s + RANK + 1 for s in range(WORLD)],
+                           [r + RANK + 1 for r in range(WORLD)])
+    same(out, torch.cat([rows(s, RANK) for s in range(WORLD)]), "all_to_all_single, uneven")
+    outs = [torch.empty(s + RANK + 1, 3, device=DEV) for s in range(WORLD)]
+    dist.all_to_all(outs, [rows(RANK, r).to(DEV) for r in range(WORLD)])
+    for s in range(WORLD):
+        same(outs[s], rows(s, RANK), f"all_to_all of uneven blocks, from {s}")
+    # premul_sum: the sum of each input times the factor (FSDP2's gradient
+    # divide factor), with a float and with a tensor factor.
+    for factor in (0.25, torch.tensor(3.0)):
+        premul = dist._make_nccl_premul_sum(factor)
+        x = value(RANK).to(DEV)
+        dist.all_reduce(x, op=premul)
+        same(x, all_values.sum(0) * factor, f"all_reduce premul_sum({factor})")
+        out = torch.empty(4, device=DEV)
+        source = blocks.reshape(-1).to(DEV)
+        dist.reduce_scatter_tensor(out, source, op=premul)
+        same(out, all_blocks.sum(0)[RANK] * factor, f"reduce_scatter premul_sum({factor})")
+        same(source, blocks.reshape(-1), "reduce_scatter premul_sum leaves its input")
     x = value(RANK).to(DEV)
     dist.reduce(x, dst=0)
     same(x, all_values.sum(0) if RANK == 0 else value(RANK), "reduce to 0")
@@ -154,6 +178,18 @@ def collectives() -> None:
     assert listed == ["from 1", 1], listed
     dist.barrier()
     say("collectives")
+
+
+def large() -> None:
+    """Four allreduces of 16 MiB made on the device: the test checks that no
+    tensor byte went through the client (flagosd_copy_bytes_total)."""
+    x = torch.full((4 << 20,), float(RANK + 1), device=DEV)
+    for _ in range(4):
+        dist.all_reduce(x)
+    total = WORLD * (WORLD + 1) / 2 * WORLD ** 3
+    same(x[-3:], torch.full((3,), total), "16 MiB all_reduce, 4 times")
+    assert x.min().item() == x.max().item() == total
+    say("large")
 
 
 def mlp() -> nn.Module:
@@ -201,7 +237,139 @@ def ddp(case: str) -> None:
     train(wrapped, wrapped, X[mine].to(DEV), Y[mine].to(DEV))
     for (name, p), q in zip(model.state_dict().items(), reference.state_dict().values()):
         same(p, q, f"{case} {name} after 3 steps")
+    if case == "ddp_mlp":
+        # DDP's logging samples its timer (flagos's TimerRegistry entry) at
+        # iteration 10: device times between the reducer's marks.
+        for _ in range(8):
+            wrapped(X[mine].to(DEV)).sum().backward()
+        stats = wrapped._get_ddp_logging_data()
+        for key in ("avg_forward_compute_time", "avg_backward_compute_time",
+                    "avg_backward_comm_time"):
+            assert stats.get(key, 0) > 0, (key, {k: v for k, v in stats.items() if "time" in k})
     say(case)
+
+
+class Block(nn.Module):
+    """A small pre-norm transformer block (attention through sdpa)."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        # No bias (as in LLaMA): a key bias's exact gradient is 0, and Adam
+        # would turn its rounding noise into full-size steps that differ
+        # between any two ways of computing it.
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                       v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+def transformer() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(32, 16), Block(), Block(), nn.LayerNorm(16),
+                         nn.Linear(16, 32))
+
+
+def fsdp2() -> None:
+    """fully_shard of a small transformer, 3 AdamW steps, against one process."""
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(1)
+    tokens = torch.randint(0, 32, (2 * WORLD, 8))
+    targets = torch.randint(0, 32, (2 * WORLD, 8))
+
+    def steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(3):
+            loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    reference = transformer()
+    expected = steps(reference, tokens, targets)  # one process, the global batch, on the CPU
+    model = transformer().to(DEV)
+    for block in model[1:3]:
+        fully_shard(block)
+    fully_shard(model)
+    mine = slice(2 * RANK, 2 * RANK + 2)
+    losses = steps(model, tokens[mine].to(DEV), targets[mine].to(DEV))
+    mean = torch.tensor(losses, device=DEV)
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    same(mean, torch.tensor(expected), "fsdp2 losses, averaged over ranks")
+    for (name, p), q in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert isinstance(p, dist.tensor.DTensor), (name, type(p))
+        torch.testing.assert_close(p.full_tensor().cpu(), q, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"fsdp2 {name} after 3 steps: {m}")
+    say("fsdp2")
+
+
+def dtensor() -> None:
+    """Basic DTensor ops on a 1-D mesh of flagos devices, against plain torch."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("flagos", (WORLD,))
+    torch.manual_seed(2)
+    a, b = torch.randn(4 * WORLD, 6), torch.randn(6, 5)
+    da = distribute_tensor(a, mesh, [Shard(0)])
+    db = distribute_tensor(b, mesh, [Replicate()])
+    assert da.to_local().device.type == "flagos" and da.to_local().shape == (4, 6)
+    same(da.to_local(), a[4 * RANK:4 * RANK + 4], "distribute_tensor Shard(0), local shard")
+    same((da * 2 + 1).full_tensor(), a * 2 + 1, "elementwise on a sharded DTensor")
+    same((da @ db).full_tensor(), a @ b, "sharded @ replicated")
+    same(da.redistribute(mesh, [Replicate()]).to_local(), a, "Shard(0) -> Replicate")
+    same(da.sum().full_tensor(), a.sum().reshape(()), "sum of a sharded DTensor")
+    dc = distribute_tensor(a, mesh, [Shard(1)])
+    same((da.redistribute(mesh, [Shard(1)]) - dc).full_tensor(), torch.zeros_like(a),
+         "Shard(0) -> Shard(1) (all_to_all)")
+    partial = dist.tensor.DTensor.from_local(torch.full((3,), float(RANK + 1), device=DEV),
+                                             mesh, [Partial()])
+    same(partial.redistribute(mesh, [Replicate()]).to_local(),
+         torch.full((3,), float(WORLD * (WORLD + 1) / 2)), "Partial -> Replicate (all_reduce)")
+    say("dtensor")
+
+
+def dcp() -> None:
+    """torch.distributed.checkpoint: save sharded flagos tensors, load them into
+    another sharding of the same model."""
+    import tempfile
+    import torch.distributed.checkpoint as dcp_
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("flagos", (WORLD,))
+    torch.manual_seed(3)
+    weight, bias = torch.randn(4 * WORLD, 3), torch.randn(5)
+    directory = [tempfile.mkdtemp(prefix="flagos-dcp.") if RANK == 0 else None]
+    dist.broadcast_object_list(directory, src=0)
+    saved = {"weight": distribute_tensor(weight, mesh, [Shard(0)]),
+             "bias": distribute_tensor(bias, mesh, [Replicate()]),
+             "plain": torch.arange(4.0, device=DEV) + 10, "step": 7}
+    dcp_.save(saved, checkpoint_id=directory[0])
+    loaded = {"weight": distribute_tensor(torch.zeros_like(weight), mesh, [Shard(1)]),
+              "bias": distribute_tensor(torch.zeros(5), mesh, [Shard(0)]),
+              "plain": torch.zeros(4, device=DEV), "step": 0}
+    dcp_.load(loaded, checkpoint_id=directory[0])
+    same(loaded["weight"].full_tensor(), weight, "dcp weight, saved Shard(0), loaded Shard(1)")
+    assert loaded["weight"].to_local().device.type == "flagos"
+    same(loaded["bias"].full_tensor(), bias, "dcp bias, saved Replicate, loaded Shard(0)")
+    same(loaded["plain"], torch.arange(4.0) + 10, "dcp plain flagos tensor")
+    assert loaded["step"] == 7, loaded["step"]
+    dist.barrier()
+    if RANK == 0:
+        import shutil
+        shutil.rmtree(directory[0])
+    say("dcp")
 
 
 def failing_all_reduce(x: torch.Tensor, case: str, why: str) -> None:
@@ -241,8 +409,8 @@ def late() -> None:
 
 
 CASES = {"collectives": collectives, "ddp_mlp": lambda: ddp("ddp_mlp"),
-         "ddp_syncbn": lambda: ddp("ddp_syncbn"), "mismatch": mismatch, "killed": killed,
-         "late": late}
+         "ddp_syncbn": lambda: ddp("ddp_syncbn"), "fsdp2": fsdp2, "dtensor": dtensor,
+         "dcp": dcp, "large": large, "mismatch": mismatch, "killed": killed, "late": late}
 
 
 def main() -> None:

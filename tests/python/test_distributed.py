@@ -52,9 +52,9 @@ def env_for(daemon, **extra: str) -> dict[str, str]:
     return {**os.environ, "FLAGOS_ENDPOINT": daemon.endpoint, "OMP_NUM_THREADS": "1", **extra}
 
 
-def torchrun(daemon, case: str, **extra: str) -> subprocess.CompletedProcess[str]:
+def torchrun(daemon, case: str, nproc: int = 2, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
          str(WORKLOAD), case],
         env=env_for(daemon, **extra), cwd=WORKLOAD.parent, stdin=subprocess.DEVNULL,
         capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
@@ -95,9 +95,10 @@ def reports(stdout: str, case: str) -> list[str]:
                                                 stdout, re.M))
 
 
-def ok(result: subprocess.CompletedProcess[str], case: str) -> None:
+def ok(result: subprocess.CompletedProcess[str], case: str, nproc: int = 2) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    assert reports(result.stdout, case) == [f"rank {r} {case} ok" for r in (0, 1)], result.stdout
+    assert reports(result.stdout, case) == [f"rank {r} {case} ok" for r in range(nproc)], \
+        result.stdout
 
 
 def settled(daemon, what, timeout: float = 30.0) -> dict[str, float]:
@@ -125,12 +126,42 @@ def test_every_collective_on_flagos_tensors_matches_its_arithmetic(daemon) -> No
     assert quiet(after), after  # no communicator or session outlives the job
 
 
+def test_no_tensor_byte_of_a_collective_passes_through_the_clients(daemon) -> None:
+    before = metrics(daemon)
+    ok(torchrun(daemon, "large"), "large")
+    after = settled(daemon, quiet)
+    collective = (after["flagosd_collective_bytes_total"]
+                  - before.get("flagosd_collective_bytes_total", 0))
+    copied = summed(after, "flagosd_copy_bytes_total") - summed(before, "flagosd_copy_bytes_total")
+    # 2 ranks x 4 allreduces x 16 MiB (and a barrier's few bytes, if any)
+    assert 2 * 4 * (16 << 20) <= collective < 2 * 4 * (16 << 20) + 4096, after
+    # What the clients copied: the checked values and the group's setup, not
+    # the 128 MiB the collectives moved.
+    assert copied < 64 << 10, (copied, after)
+
+
+def test_more_ranks_on_one_device_than_it_has_workers(start_daemon) -> None:
+    # Five ranks on flagos:0, whose pool has two workers: a rank waiting for
+    # its peers holds its worker, and the pool stands spares in for it (with
+    # no spares the third rank's collective would never run and all would
+    # time out).
+    daemon = start_daemon(cpu_devices=1,
+                          extra_args=["--metrics-listen=127.0.0.1:0", "--workers-per-device=2"])
+    ok(torchrun(daemon, "collectives", nproc=5), "collectives", nproc=5)
+    after = settled(daemon, quiet)
+    assert after["flagosd_collective_failures_total"] == 0, after
+    assert quiet(after), after
+
+
 @pytest.mark.parametrize("case, backend", [("ddp_mlp", "cpu:gloo,flagos:flagos"),
-                                           ("ddp_syncbn", "")])
-def test_ddp_training_matches_one_process_on_the_global_batch(daemon, case, backend) -> None:
+                                           ("ddp_syncbn", ""), ("fsdp2", ""), ("dtensor", ""),
+                                           ("dcp", "")])
+def test_training_matches_one_process_on_the_global_batch(daemon, case, backend) -> None:
     # ddp_mlp with a comm hook (its future's TensorList) and the backend
     # named per device; ddp_syncbn: a CNN whose BatchNorm is SyncBatchNorm,
-    # with no backend named.
+    # with no backend named; fsdp2: fully_shard of a small transformer;
+    # dtensor: DTensor ops and redistributions; dcp: a checkpoint saved in
+    # one sharding and loaded into another.
     ok(torchrun(daemon, case, FLAGOS_TEST_PG_BACKEND=backend), case)
     assert quiet(settled(daemon, quiet))
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <stdexcept>
@@ -9,7 +10,9 @@
 #include <vector>
 
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 
 namespace flagos::daemon {
 namespace {
@@ -129,6 +132,77 @@ TEST(WorkerPoolTest, HasTheWorkersItWasGivenAndAtLeastOne) {
   EXPECT_EQ(WorkerPool("test", 3).workers(), 3);
   EXPECT_EQ(WorkerPool("test", 0).workers(), 1);
   EXPECT_GE(DefaultWorkersPerDevice(), 4);
+}
+
+// Each of `n` jobs waits (inside a Blocking scope) until all `n` run at
+// once, as the ranks of one collective wait for each other: on a pool of
+// fewer workers that needs the spares Blocking stands in.
+TEST(WorkerPoolTest, JobsWaitingForEachOtherInBlockingScopesAllRunOnOneWorker) {
+  constexpr int kJobs = 12;
+  WorkerPool pool("test", 1);
+  absl::Mutex mu;
+  int arrived = 0;
+  absl::BlockingCounter done(kJobs);
+  std::atomic<int> most_blocked{0};
+  for (int i = 0; i < kJobs; ++i) {
+    pool.Schedule([&] {
+      WorkerPool::Blocking blocking;
+      EXPECT_TRUE(blocking.ok());
+      absl::MutexLock lock(&mu);
+      ++arrived;
+      most_blocked = std::max(most_blocked.load(), pool.blocked());
+      mu.Await(absl::Condition(+[](int* n) { return *n == kJobs; }, &arrived));
+      done.DecrementCount();
+    });
+  }
+  done.Wait();
+  EXPECT_EQ(most_blocked.load(), kJobs);
+  // The spares retire once the jobs no longer wait: back to the one worker.
+  while (pool.threads() != 1) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(pool.blocked(), 0);
+  EXPECT_EQ(pool.workers(), 1);
+  // And it still runs jobs (on a retired spare's slot or the worker).
+  absl::Notification again;
+  pool.Schedule([&] { again.Notify(); });
+  again.WaitForNotification();
+}
+
+TEST(WorkerPoolTest, ABlockingScopeOffAWorkerThreadDoesNothing) {
+  WorkerPool pool("test", 2);
+  WorkerPool::Blocking blocking;
+  EXPECT_TRUE(blocking.ok());
+  EXPECT_EQ(pool.blocked(), 0);
+  EXPECT_EQ(pool.threads(), 2);
+}
+
+TEST(WorkerPoolTest, BlockingScopesBeyondTheLimitAreRefused) {
+  WorkerPool pool("test", 1);
+  absl::Notification release;
+  absl::BlockingCounter waiting(WorkerPool::kMaxBlocked);
+  absl::BlockingCounter finished(WorkerPool::kMaxBlocked + 1);
+  std::atomic<int> refused{0};
+  for (int i = 0; i < WorkerPool::kMaxBlocked; ++i) {
+    pool.Schedule([&] {
+      WorkerPool::Blocking blocking;
+      EXPECT_TRUE(blocking.ok());
+      waiting.DecrementCount();
+      release.WaitForNotification();
+      finished.DecrementCount();
+    });
+  }
+  waiting.Wait();
+  absl::Notification checked;
+  pool.Schedule([&] {
+    WorkerPool::Blocking blocking;
+    if (!blocking.ok()) ++refused;
+    checked.Notify();
+    finished.DecrementCount();
+  });
+  checked.WaitForNotification();  // it runs: the pool had a worker for it
+  EXPECT_EQ(refused.load(), 1);
+  release.Notify();
+  finished.Wait();
+  EXPECT_EQ(refused.load(), 1);
 }
 
 }  // namespace
