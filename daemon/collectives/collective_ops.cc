@@ -8,12 +8,15 @@
 // Each kernel runs on its stream's worker with the tensors the op runner
 // wrapped (the device memory on the cpu backend, host copies on the
 // cpu_fallback route), arrives at its communicator (communicators.h) and
-// returns once every rank's tensor holds its result. The rank that arrives
-// last computes every rank's result while the others wait. (ATen TU)
+// returns once every rank's tensor holds its result. Once all arrived, each
+// rank's thread computes its share of the results (n ranks, n threads).
+// (ATen TU)
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -93,7 +96,9 @@ struct Buffers {
 };
 
 // Arrives at `comm` with `buffers` (a Buffers or a struct derived from it);
-// runs `combine(all ranks' buffers)` on the last arrival; raises the round's
+// once every rank arrived, runs `combine(all ranks' buffers, part)` with
+// part = this rank, at the same time as the other ranks run theirs (see
+// Communicators::Combine: parts touch disjoint memory); raises the round's
 // error on every rank. `combine` may throw (TORCH_CHECK).
 template <typename B = Buffers, typename F>
 void Run(const std::string& comm, int64_t rank, int64_t nranks, std::string signature,
@@ -101,12 +106,12 @@ void Run(const std::string& comm, int64_t rank, int64_t nranks, std::string sign
   const absl::Status status = Communicators::Get().Arrive(
       comm, static_cast<int>(rank), static_cast<int>(nranks), CollectiveCaller::session(),
       CollectiveCaller::pid(), {std::move(signature), &buffers},
-      bytes, Timeout(timeout_s), [&](absl::Span<const CollectiveArrival> arrivals) {
+      bytes, Timeout(timeout_s), [&](absl::Span<const CollectiveArrival> arrivals, int part) {
         std::vector<B*> all;
         all.reserve(arrivals.size());
         for (const CollectiveArrival& a : arrivals) all.push_back(static_cast<B*>(a.buffers));
         try {
-          combine(all);
+          combine(all, static_cast<size_t>(part));
         } catch (const c10::Error& e) {
           return absl::InvalidArgumentError(e.what_without_backtrace());
         } catch (const std::exception& e) {
@@ -117,14 +122,47 @@ void Run(const std::string& comm, int64_t rank, int64_t nranks, std::string sign
   TORCH_CHECK(status.ok(), status.message());
 }
 
+// The `part`-th of `parts` near-equal ranges of [0, n).
+std::pair<int64_t, int64_t> Share(int64_t n, size_t part, size_t parts) {
+  const int64_t chunk = (n + static_cast<int64_t>(parts) - 1) / static_cast<int64_t>(parts);
+  const int64_t begin = std::min(n, static_cast<int64_t>(part) * chunk);
+  return {begin, std::min(n, begin + chunk)};
+}
+
 at::Tensor& AllReduce(at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
                       int64_t op, double timeout_s) {
   Run(std::string(comm), rank, nranks, Describe("all_reduce", self, ReduceOpName(op)),
-      {self, self}, Bytes(self), timeout_s, [op](const std::vector<Buffers*>& all) {
-        std::vector<at::Tensor> inputs;
-        for (Buffers* b : all) inputs.push_back(b->in);
-        const at::Tensor result = Reduce(op, inputs);
-        for (Buffers* b : all) b->out.copy_(result.view(b->out.sizes()));
+      {self, self}, Bytes(self), timeout_s, [op](const std::vector<Buffers*>& all, size_t part) {
+        bool contiguous = true;
+        for (Buffers* b : all) contiguous = contiguous && b->out.is_contiguous();
+        if (!contiguous) {
+          // Views: part 0 reduces all of it.
+          if (part != 0) return;
+          std::vector<at::Tensor> inputs;
+          for (Buffers* b : all) inputs.push_back(b->in);
+          const at::Tensor result = Reduce(op, inputs);
+          for (Buffers* b : all) b->out.copy_(result.view(b->out.sizes()));
+          return;
+        }
+        // Each part reduces its share of the elements into rank 0's tensor
+        // (in place: every rank's input is its output) and copies it to the
+        // others'; no other part reads or writes that share.
+        const auto [begin, end] = Share(all[0]->out.numel(), part, all.size());
+        if (begin == end) return;
+        const auto share = [begin = begin, end = end](const at::Tensor& t) {
+          return t.view({-1}).slice(0, begin, end);
+        };
+        at::Tensor acc = share(all[0]->out);
+        for (size_t s = 1; s < all.size(); ++s) ReduceInto(op, acc, share(all[s]->in));
+        if (static_cast<ReduceOp>(op) == ReduceOp::kAvg) {
+          const auto n = static_cast<int64_t>(all.size());
+          if (at::isIntegralType(acc.scalar_type(), /*includeBool=*/true)) {
+            acc.div_(n, "trunc");
+          } else {
+            acc.div_(n);
+          }
+        }
+        for (size_t s = 1; s < all.size(); ++s) share(all[s]->out).copy_(acc);
       });
   return self;
 }
@@ -133,12 +171,12 @@ at::Tensor& Broadcast(at::Tensor& self, c10::string_view comm, int64_t rank, int
                       int64_t root, double timeout_s) {
   TORCH_CHECK(root >= 0 && root < nranks, "flagos broadcast: root ", root, " is not a rank of ",
               nranks);
+  // Each rank's part copies the root's tensor into its own.
   Run(std::string(comm), rank, nranks, Describe("broadcast", self, absl::StrCat("root ", root)),
-      {self, self}, Bytes(self), timeout_s, [root](const std::vector<Buffers*>& all) {
-        const at::Tensor& source = all[root]->in;
-        for (size_t r = 0; r < all.size(); ++r) {
-          if (static_cast<int64_t>(r) != root) all[r]->out.copy_(source.reshape(all[r]->out.sizes()));
-        }
+      {self, self}, Bytes(self), timeout_s,
+      [root](const std::vector<Buffers*>& all, size_t part) {
+        if (static_cast<int64_t>(part) == root) return;
+        all[part]->out.copy_(all[root]->in.reshape(all[part]->out.sizes()));
       });
   return self;
 }
@@ -159,11 +197,15 @@ at::Tensor& AllGather(at::Tensor& out, const at::Tensor& input, c10::string_view
               input.numel() * nranks);
   TORCH_CHECK(out.scalar_type() == input.scalar_type(), "flagos all_gather: output dtype ",
               out.scalar_type(), " differs from input dtype ", input.scalar_type());
+  // Each rank's part fills its own output. An input may be its rank's own
+  // output block (FSDP2 gathers in place): that block is not copied onto
+  // itself, and no other part writes it.
   Run(std::string(comm), rank, nranks, Describe("all_gather", input), {out, input}, Bytes(input),
-      timeout_s, [nranks](const std::vector<Buffers*>& all) {
-        for (Buffers* b : all) {
-          const at::Tensor blocks = Blocks(b->out, nranks, "all_gather", "output");
-          for (size_t s = 0; s < all.size(); ++s) blocks[s].copy_(all[s]->in.reshape({-1}));
+      timeout_s, [nranks](const std::vector<Buffers*>& all, size_t part) {
+        const at::Tensor blocks = Blocks(all[part]->out, nranks, "all_gather", "output");
+        for (size_t s = 0; s < all.size(); ++s) {
+          const at::Tensor source = all[s]->in.reshape({-1});
+          if (blocks[s].data_ptr() != source.data_ptr()) blocks[s].copy_(source);
         }
       });
   return out;
@@ -176,14 +218,16 @@ at::Tensor& ReduceScatter(at::Tensor& out, const at::Tensor& input, c10::string_
               " output elements are ", out.numel() * nranks);
   TORCH_CHECK(out.scalar_type() == input.scalar_type(), "flagos reduce_scatter: output dtype ",
               out.scalar_type(), " differs from input dtype ", input.scalar_type());
+  // Each rank's part reduces block r of every input into its own output
+  // (through a temporary: the output may be that rank's own input block).
   Run(std::string(comm), rank, nranks, Describe("reduce_scatter", input, ReduceOpName(op)),
-      {out, input}, Bytes(input), timeout_s, [op, nranks](const std::vector<Buffers*>& all) {
-        std::vector<at::Tensor> inputs;
-        for (Buffers* b : all) inputs.push_back(Blocks(b->in, nranks, "reduce_scatter", "input"));
-        const at::Tensor result = Reduce(op, inputs);
-        for (size_t r = 0; r < all.size(); ++r) {
-          all[r]->out.copy_(result[r].view(all[r]->out.sizes()));
+      {out, input}, Bytes(input), timeout_s,
+      [op, nranks](const std::vector<Buffers*>& all, size_t part) {
+        std::vector<at::Tensor> blocks;
+        for (Buffers* b : all) {
+          blocks.push_back(Blocks(b->in, nranks, "reduce_scatter", "input")[part]);
         }
+        all[part]->out.copy_(Reduce(op, blocks).view(all[part]->out.sizes()));
       });
   return out;
 }
@@ -239,8 +283,11 @@ at::Tensor& AllToAll(at::Tensor& out, const at::Tensor& input, at::IntArrayRef o
                           Splits(input, input_splits, nranks, "input")};
   const std::string signature = absl::StrCat("all_to_all ", c10::toString(input.scalar_type()),
                                              "[rows of ", RowNumel(input), "]");
+  // Part 0 does it all: an input may be its rank's output, so every input
+  // is read before any output is written.
   Run(std::string(comm), rank, nranks, signature, std::move(buffers), Bytes(input), timeout_s,
-      [](const std::vector<AllToAllBuffers*>& all) {
+      [](const std::vector<AllToAllBuffers*>& all, size_t part) {
+        if (part != 0) return;
         const size_t n = all.size();
         for (size_t r = 0; r < n; ++r) {
           for (size_t s = 0; s < n; ++s) {
@@ -250,8 +297,6 @@ at::Tensor& AllToAll(at::Tensor& out, const at::Tensor& input, at::IntArrayRef o
                         ": each rank's output split sizes must be its peers' input split sizes");
           }
         }
-        // Every input is read before any output is written: an input may
-        // be its rank's output.
         std::vector<std::vector<at::Tensor>> blocks(n);
         for (size_t s = 0; s < n; ++s) {
           for (const at::Tensor& b : Rows(all[s]->in).split_with_sizes(all[s]->in_splits)) {
@@ -279,9 +324,9 @@ void CheckPeer(const char* what, int64_t rank, int64_t peer, int64_t nranks) {
               " is not another rank of the group of ", nranks, " (this is rank ", rank, ")");
 }
 
-// The round's sender (rank 0) writes into its receiver (rank 1).
-void Deliver(const std::vector<Buffers*>& pair) {
-  pair[1]->out.copy_(pair[0]->in.reshape(pair[1]->out.sizes()));
+// The round's receiver (rank 1) copies from its sender (rank 0).
+void Deliver(const std::vector<Buffers*>& pair, size_t part) {
+  if (part == 1) pair[1]->out.copy_(pair[0]->in.reshape(pair[1]->out.sizes()));
 }
 
 void Send(const at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,

@@ -15,7 +15,9 @@ struct Communicators::Round {
   int first = -1;      // the rank that arrived first: whose signature the others match
   int arrived = 0;
   int left = 0;        // arrived ranks that have returned
-  bool running = false;
+  bool running = false;  // every rank arrived: each runs its part of the collective
+  int parts_done = 0;
+  absl::Status part_status;  // the first part's error
   bool done = false;
   uint64_t bytes = 0;
   absl::Status status;
@@ -130,20 +132,7 @@ absl::Status Communicators::ArriveLocked(Communicator* comm, const std::string& 
   }
   ++round->arrived;
   if (!round->done && round->arrived == comm->nranks) {
-    // The last to arrive runs it, without the lock (it may take a while);
-    // the others wait for `done`.
-    round->running = true;
-    mu_.Unlock();
-    absl::Status s = combine(round->arrivals);
-    mu_.Lock();
-    round->running = false;
-    if (s.ok()) {
-      round->done = true;
-      ++completed_;
-      bytes_ += round->bytes;
-    } else {
-      fail(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
-    }
+    round->running = true;  // every rank now runs its part
   } else if (!round->done) {
     // Waiting here holds this stream's worker: the pool stands a spare in
     // for it, so that the peers' ranks on the same device get workers.
@@ -155,9 +144,9 @@ absl::Status Communicators::ArriveLocked(Communicator* comm, const std::string& 
           "group is broken: run fewer process groups or ranks per device at once")));
     }
     const absl::Time deadline = absl::Now() + timeout;
-    while (!round->done) {
-      const bool ended = mu_.AwaitWithDeadline(absl::Condition(&round->done), deadline);
-      if (ended || round->running) continue;  // running: the combine is bounded, wait for it
+    const auto started = [round]() { return round->running || round->done; };
+    while (!started()) {
+      if (mu_.AwaitWithDeadline(absl::Condition(&started), deadline)) break;
       std::vector<int> missing;
       for (int r = 0; r < comm->nranks; ++r) {
         if (!round->present[r]) missing.push_back(r);
@@ -168,6 +157,27 @@ absl::Status Communicators::ArriveLocked(Communicator* comm, const std::string& 
           " did not join it within ", absl::FormatDuration(timeout),
           " (crashed, stopped, or called a different collective): the process group "
           "is broken; restart the job")));
+    }
+  }
+  if (round->running && !round->done) {
+    // This rank's part, without the lock (it may take a while); then wait
+    // for the others' (bounded: they run, none waits for anything).
+    mu_.Unlock();
+    absl::Status s = combine(round->arrivals, rank);
+    mu_.Lock();
+    if (!s.ok() && round->part_status.ok()) round->part_status = std::move(s);
+    if (++round->parts_done == comm->nranks) {
+      round->running = false;
+      if (round->part_status.ok()) {
+        round->done = true;
+        ++completed_;
+        bytes_ += round->bytes;
+      } else {
+        fail(absl::Status(round->part_status.code(),
+                          absl::StrCat(what, ": ", round->part_status.message())));
+      }
+    } else {
+      mu_.Await(absl::Condition(&round->done));
     }
   }
   absl::Status status = round->status;

@@ -6,9 +6,10 @@
 // and lives until every rank destroyed it (or none is waiting and it broke).
 // Each rank's k-th collective on a communicator meets the other ranks' k-th
 // one, as in NCCL: a Round. Every rank that arrives waits (holding its
-// worker) until all have arrived; the last to arrive runs the collective
-// over every rank's buffers while the others wait, then all return the same
-// status. A rank that does not arrive within the collective's timeout, or
+// worker) until all have arrived; then each rank runs its part of the
+// collective over every rank's buffers, on its own thread (rank r computes
+// the r-th share of the result, so n ranks reduce with n threads), and all
+// return the same status once every part is done. A rank that does not arrive within the collective's timeout, or
 // whose collective differs from its peers' (kind, dtype, sizes, root, op),
 // fails the round for every rank, naming who and what, and breaks the
 // communicator: every later collective on it fails at once with that error,
@@ -85,8 +86,13 @@ class CollectiveCaller {
 
 class Communicators {
  public:
-  // Runs a round's collective over every rank's arrival (index = rank).
-  using Combine = absl::FunctionRef<absl::Status(absl::Span<const CollectiveArrival>)>;
+  // Runs part `part` of a round's collective over every rank's arrival
+  // (index = rank). Each rank calls its own with part = its rank, once all
+  // have arrived, at the same time as the others: the parts must touch
+  // disjoint memory (a collective that does not split does all its work in
+  // part 0 and none in the others).
+  using Combine =
+      absl::FunctionRef<absl::Status(absl::Span<const CollectiveArrival>, int part)>;
 
   // The daemon's communicators.
   static Communicators& Get();
