@@ -210,3 +210,52 @@ def test_a_rank_that_never_joins_times_out_naming_it(daemon) -> None:
         r"collective #0 on communicator \S+ \(all_reduce\(sum\) Float\[4\]\): rank 1 did not "
         r"join it within 3s", lines[0]), out0
     assert quiet(settled(daemon, quiet))
+
+
+RAW_CALLS = r'''
+import torch, torch_fl
+import torch_fl.distributed  # the flagos_c10d schemas
+ops = torch.ops.flagos_c10d
+x = torch.ones(4, device="flagos")
+calls = {
+    "huge group": lambda: ops.all_reduce_(x, "raw-a", 0, 2**31 - 1, 0, 1.0),
+    "rank outside": lambda: ops.all_reduce_(x, "raw-b", 5, 2, 0, 1.0),
+    "bad op": lambda: ops.all_reduce_(x, "raw-c", 0, 1, 99, 1.0),
+    "bad root": lambda: ops.broadcast_(x, "raw-d", 0, 1, 3, 1.0),
+    "bad splits": lambda: ops.all_to_all_single_(x, x, [1, 2], [4], "raw-e", 0, 1, 1.0),
+    "negative split": lambda: ops.all_to_all_single_(x, x, [5, -1], [4, 0], "raw-f", 0, 2, 1.0),
+    "self peer": lambda: ops.send_(x, "raw-g", 0, 2, 0, 0, 1.0),
+}
+for name, call in calls.items():
+    try:
+        call()
+        x.cpu()
+        print(name, "-> no error")
+    except RuntimeError as e:
+        print(name, "->", str(e).splitlines()[0])
+# A group of one needs no peer: it runs.
+ops.all_reduce_(x, "raw-h", 0, 1, 0, 1.0)
+print("alone ->", x.cpu().tolist())
+'''
+
+
+def test_raw_collective_calls_with_bad_arguments_fail_clearly(daemon, run_python) -> None:
+    # What a client that bypasses torch.distributed could send: each is
+    # refused naming what is wrong, and the session goes on.
+    result = run_python(RAW_CALLS, env={"FLAGOS_ENDPOINT": daemon.endpoint}, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = dict(line.split(" -> ", 1) for line in result.stdout.splitlines())
+    expected = {
+        "huge group": r"a group of 2147483647 ranks; one flagosd forms groups of 1 to 4096 ranks",
+        "rank outside": r"rank 5 of 2 is not a rank of a group of that size",
+        "bad op": r"reduce op 99 is not one flagosd runs",
+        "bad root": r"root 3 is not a rank of 1",
+        "bad splits": r"2 output split sizes for a group of 1 ranks",
+        "negative split": r"a negative output split size \(-1\)",
+        "self peer": r"peer rank 0 is not another rank of the group of 2 \(this is rank 0\)",
+    }
+    for name, pattern in expected.items():
+        assert re.search(pattern, lines.get(name, "")), (name, lines.get(name), result.stdout)
+    assert lines["alone"] == "[1.0, 1.0, 1.0, 1.0]"
+    after = settled(daemon, quiet)
+    assert quiet(after), after
