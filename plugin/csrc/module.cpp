@@ -188,6 +188,9 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("_session_id", []() { return Session().session_id(); },
         py::call_guard<py::gil_scoped_release>());
+  // Which session of this process the next command goes to (1, 2, ... as
+  // sessions are lost and reopened; ids restart with a restarted daemon).
+  m.def("_session_generation", &CurrentGeneration);
   m.def("_device_count", &DeviceCount, py::call_guard<py::gil_scoped_release>());
   m.def("_device_count_no_throw", &DeviceCountNoThrow, py::call_guard<py::gil_scoped_release>());
   m.def("_current_device", &CurrentDevice);

@@ -125,7 +125,9 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         # daemon (collectives between daemons are not built yet).
         if self._rank == 0:
             store.set("flagos/comm", f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
-        me = f"{socket.gethostname()}/{os.getpid()}/{_C._session_id()}"
+        self._session = _C._session_id()
+        self._generation = _C._session_generation()
+        me = f"{socket.gethostname()}/{os.getpid()}/{self._session}"
         store.set(f"flagos/session/{self._rank}", me)
         comm = store.get("flagos/comm").decode()
         peers = [store.get(f"flagos/session/{r}").decode() for r in range(self._size)]
@@ -171,6 +173,17 @@ class ProcessGroupFlagos(dist.ProcessGroup):
                            "a collective takes flagos tensors or CPU tensors, not a mix")
 
     def _args(self, opts):
+        if _C._session_generation() != self._generation:
+            # The daemon restarted (or crashed): its communicators went with
+            # the session, and the peers may have run a different number of
+            # collectives before; meeting again in the new daemon could pair
+            # a rank's k-th collective with another's (k+1)-th.
+            raise RuntimeError(
+                f"flagos process group: rank {self._rank}'s session {self._session} with flagosd "
+                f"({_C._endpoint()}), which the group was formed on, was lost (the daemon "
+                "restarted or crashed), and the process group ended with it; restart the job "
+                "(or dist.destroy_process_group() and form a new group on every rank; "
+                "docs/distributed.md)")
         return self._comm, self._rank, self._size, self._timeout(opts)
 
     def getBackendName(self) -> str:
@@ -190,6 +203,19 @@ class ProcessGroupFlagos(dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
+
+    # This group is its own backend for every device, also for c10d's
+    # Python callers (init_process_group(device_id=...) asks the device's
+    # backend whether it splits).
+    def _get_backend(self, device=None) -> "ProcessGroupFlagos":
+        return self
+
+    @property
+    def supports_splitting(self) -> bool:
+        return False
+
+    def eager_connect_single_device(self, device=None) -> None:
+        pass  # the communicator forms at the first collective
 
     def size(self) -> int:
         return self._size

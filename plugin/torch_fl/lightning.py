@@ -1,4 +1,4 @@
-"""Lightning on flagos: ``Trainer(accelerator="flagos", devices=1)``.
+"""Lightning on flagos: ``Trainer(accelerator="flagos", devices=N)``.
 
 :func:`accelerator_class` is the flagos ``Accelerator`` of a Lightning
 namespace (``lightning.pytorch``, or ``pytorch_lightning`` of the
@@ -15,15 +15,14 @@ for flagos, in the Trainer's ``_AcceleratorConnector``:
 - the single-device strategy: for an accelerator it does not know, Lightning
   picks ``SingleDeviceStrategy(device="cpu")``, which would train on the
   CPU; flagos gets ``SingleDeviceStrategy`` on its chosen device;
+- DDP: for several devices (or nodes) Lightning's own choice (``"ddp"``, one
+  process per device), whose process group gets the ``flagos`` c10d backend
+  (docs/distributed.md) instead of gloo, which has no flagos tensors;
 - ``precision="bf16-mixed"`` / ``"16-mixed"``: Lightning autocasts on
   ``"cuda"`` for such an accelerator; flagos gets ``torch.autocast("flagos")``.
 
-One process drives one flagos device: Lightning's DDP strategy is not yet
-wired to flagos (torch's own DDP on the flagos c10d backend works: docs/
-distributed.md); ``devices`` of more than one device and ``num_nodes > 1`` are
-refused when the Trainer is built, saying so. Several single-device
-processes (torchrun without a process group) do work: docs/usage.md,
-"Frameworks".
+``devices="auto"`` is one device (a process drives one unless it asks for
+more: Lightning's DDP launcher starts a process per device).
 """
 from __future__ import annotations
 
@@ -37,14 +36,6 @@ NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 # The module whose import means a Trainer can be built: it holds the
 # registry lookups and the strategy choice that register() completes.
 CONNECTOR_MODULE = "trainer.connectors.accelerator_connector"
-
-_ONE_DEVICE_ONLY = (
-    "flagos: {what} needs a distributed strategy (DDP), and Lightning's DDP strategy is not "
-    "wired to flagos yet (torch's own DDP under torchrun is: docs/distributed.md). Train on one device "
-    "(Trainer(accelerator=\"flagos\", devices=1), or devices=[i] for device i), or start one "
-    "single-device process per device without a process group (docs/usage.md, \"Frameworks\")."
-)
-
 
 def _device_count() -> int:
     return torch.flagos.device_count()
@@ -83,7 +74,7 @@ def accelerator_class(namespace: str = "lightning.pytorch") -> type:
     misconfiguration = exceptions.MisconfigurationException
 
     class FlagosAccelerator(accelerators.Accelerator):
-        """Lightning's accelerator for flagos devices (one per process)."""
+        """Lightning's accelerator for flagos devices (one per process; DDP for several)."""
 
         def setup_device(self, device: torch.device) -> None:
             if device.type != "flagos":
@@ -101,13 +92,9 @@ def accelerator_class(namespace: str = "lightning.pytorch") -> type:
         @staticmethod
         def parse_devices(devices: Any) -> list[int]:
             try:
-                indices = _parse_device_indices(devices)
+                return _parse_device_indices(devices)
             except (TypeError, ValueError) as e:
                 raise misconfiguration(str(e)) from None
-            if len(indices) > 1:
-                raise misconfiguration(_ONE_DEVICE_ONLY.format(
-                    what=f"Trainer(devices={devices!r}) ({len(indices)} devices)"))
-            return indices
 
         @staticmethod
         def get_parallel_devices(devices: list[int]) -> list[torch.device]:
@@ -115,7 +102,7 @@ def accelerator_class(namespace: str = "lightning.pytorch") -> type:
 
         @staticmethod
         def auto_device_count() -> int:
-            # devices="auto": one device, since a process drives one.
+            # devices="auto": one device; DDP when the Trainer asks for more.
             return 1
 
         @staticmethod
@@ -147,8 +134,6 @@ def register(namespace: str = "lightning.pytorch") -> None:
         return
     strategies = importlib.import_module(f"{namespace}.strategies")
     precision = importlib.import_module(f"{namespace}.plugins.precision")
-    misconfiguration = importlib.import_module(
-        f"{namespace}.utilities.exceptions").MisconfigurationException
 
     def on_flagos(connector_self: Any) -> bool:
         flag = connector_self._accelerator_flag
@@ -156,26 +141,40 @@ def register(namespace: str = "lightning.pytorch") -> None:
 
     choose_strategy = connector._choose_strategy
     check_and_init_precision = connector._check_and_init_precision
+    lazy_init_strategy = connector._lazy_init_strategy
 
     @functools.wraps(choose_strategy)
     def _choose_strategy(self: Any) -> Any:
-        if not on_flagos(self):
-            return choose_strategy(self)
-        if self._num_nodes_flag > 1:
-            raise misconfiguration(_ONE_DEVICE_ONLY.format(
-                what=f"Trainer(num_nodes={self._num_nodes_flag})"))
+        if not on_flagos(self) or self._num_nodes_flag > 1 or len(self._parallel_devices) > 1:
+            return choose_strategy(self)  # "ddp" for several devices or nodes
         return strategies.SingleDeviceStrategy(device=self._parallel_devices[0])
+
+    @functools.wraps(lazy_init_strategy)
+    def _lazy_init_strategy(self: Any) -> None:
+        lazy_init_strategy(self)
+        if not (on_flagos(self) and isinstance(self.strategy, strategies.DDPStrategy)):
+            return
+        # Lightning's default process group backend for a device that is not
+        # CUDA is gloo, which has no flagos tensors.
+        if self.strategy._process_group_backend is None:
+            self.strategy._process_group_backend = "flagos"
+        # With device ids, Lightning wraps the model in DDP inside a
+        # torch.cuda.stream; DDP finds a one-device module's device itself,
+        # and Lightning moves each batch to the rank's device.
+        self.strategy.determine_ddp_device_ids = lambda: None
 
     @functools.wraps(check_and_init_precision)
     def _check_and_init_precision(self: Any) -> Any:
         if (on_flagos(self) and self._precision_plugin_flag is None
                 and self._precision_flag in ("16-mixed", "bf16-mixed")
-                and type(self.strategy) is strategies.SingleDeviceStrategy):
+                and type(self.strategy) in (strategies.SingleDeviceStrategy,
+                                            strategies.DDPStrategy)):
             self._validate_precision_choice()
             return precision.MixedPrecision(self._precision_flag, "flagos")
         return check_and_init_precision(self)
 
     connector._choose_strategy = _choose_strategy
+    connector._lazy_init_strategy = _lazy_init_strategy
     connector._check_and_init_precision = _check_and_init_precision
     connector._flagos_completed = True
 

@@ -408,9 +408,32 @@ def late() -> None:
     store.set("rank 0 timed out", "1")
 
 
+def restarted() -> None:
+    """All_reduces until the daemon restarts under the ranks (the test kills
+    and restarts it once both say "running"): the first flagos call after
+    is the session's loss error, and the group's next collective says the
+    group has ended."""
+    x = torch.ones(4, device=DEV)
+    dist.all_reduce(x)
+    same(x, torch.full((4,), float(WORLD)), "the all_reduce before the restart")
+    say("restarted", "running")
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            x.fill_(1.0)
+            dist.all_reduce(x)
+            x.cpu()
+            time.sleep(0.01)
+        raise AssertionError("the daemon was not restarted within 120 s")
+    except RuntimeError as e:
+        say("restarted", "lost: " + str(e).splitlines()[0])
+    failing_all_reduce(torch.ones(4, device=DEV), "restarted", "after the restart")
+
+
 CASES = {"collectives": collectives, "ddp_mlp": lambda: ddp("ddp_mlp"),
          "ddp_syncbn": lambda: ddp("ddp_syncbn"), "fsdp2": fsdp2, "dtensor": dtensor,
-         "dcp": dcp, "large": large, "mismatch": mismatch, "killed": killed, "late": late}
+         "dcp": dcp, "large": large, "mismatch": mismatch, "killed": killed, "late": late,
+         "restarted": restarted}
 
 
 def main() -> None:
@@ -418,7 +441,9 @@ def main() -> None:
     # No backend: torch 2.13 picks the accelerator's only ("flagos:flagos";
     # CPU tensors then go to the group's inner gloo); or the one named.
     backend = os.environ.get("FLAGOS_TEST_PG_BACKEND") or None
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    # ddp_syncbn binds the group to the rank's device, as Lightning does.
+    bound = {"device_id": DEV} if case == "ddp_syncbn" else {}
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S), **bound)
     expected = backend or "flagos:flagos"
     assert dist.get_backend_config() == expected, (dist.get_backend_config(), expected)
     CASES[case]()

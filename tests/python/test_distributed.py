@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from flagos_test_env import REPO
+from test_reconnect import crash_and_restart
 
 WORKLOAD = REPO / "tests" / "distributed" / "workload.py"
 RUN_TIMEOUT_S = 300
@@ -209,6 +210,39 @@ def test_a_rank_that_never_joins_times_out_naming_it(daemon) -> None:
     assert len(lines) == 1 and re.search(
         r"collective #0 on communicator \S+ \(all_reduce\(sum\) Float\[4\]\): rank 1 did not "
         r"join it within 3s", lines[0]), out0
+    assert quiet(settled(daemon, quiet))
+
+
+def test_a_daemon_restart_ends_the_process_group_with_the_sessions_loss(daemon) -> None:
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, str(WORKLOAD), "restarted"],
+        env=env_for(daemon, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+        cwd=WORKLOAD.parent, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for p in procs:  # both ranks all_reduce in a loop
+            line = p.stdout.readline()
+            assert line.strip().endswith("restarted: running"), line + p.stderr.read()[-4000:]
+        crash_and_restart(daemon)
+        results = [p.communicate(timeout=RUN_TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, out + err[-6000:]
+        lines = [line for line in reports(out, "restarted") if "running" not in line]
+        lost = [line for line in lines if ": lost: " in line]
+        ended = [line for line in lines if ": lost: " not in line]
+        assert len(lost) == 1 and len(ended) == 1, out
+        # The first flagos call after: the session's loss, naming the daemon.
+        assert "was lost" in lost[0] and daemon.endpoint in lost[0], lost
+        # The group's next collective: the group ended, and what to do.
+        assert re.search(r"session \d+ with flagosd \(" + re.escape(daemon.endpoint)
+                         + r"\).* was lost .* the process group ended with it; restart the job",
+                         ended[0]), ended
+    # The new daemon holds no communicator or session of the job.
     assert quiet(settled(daemon, quiet))
 
 

@@ -1,20 +1,26 @@
-"""Lightning trains on flagos: ``Trainer(accelerator="flagos", devices=1)``
+"""Lightning trains on flagos: ``Trainer(accelerator="flagos", devices=N)``
 (docs/usage.md, "Frameworks"; torch_fl/lightning.py).
 
-The reference for every fit is the same fit on the CPU (same seed, same
-data, same steps): the losses and the final weights agree. Multi-device
-fits are refused at the Trainer's construction: Lightning's DDP strategy
-is not wired to flagos yet.
+The reference for every one-device fit is the same fit on the CPU (same
+seed, same data, same steps): the losses and the final weights agree. A
+fit on two devices is Lightning's DDP on the flagos c10d backend
+(tests/distributed/lightning_ddp.py), whose reference is one CPU process
+training on the global batches.
 """
 
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+from flagos_test_env import REPO
 
 import torch_fl  # noqa: F401  (registers "flagos"; registers with Lightning on its import)
 
@@ -133,18 +139,32 @@ def test_bf16_mixed_autocasts_on_flagos_as_on_the_cpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("devices", [2, -1, "0,1", [0, 1]])
-def test_more_than_one_device_is_refused_saying_why(tmp_path: Path, devices: object) -> None:
-    assert torch.flagos.device_count() >= 2  # the test daemon serves 2: a valid choice otherwise
-    with pytest.raises(MisconfigurationException) as error:
-        trainer(tmp_path, accelerator="flagos", devices=devices)
-    message = str(error.value)
-    assert "DDP strategy is not wired to flagos yet" in message, message
-    assert "devices=1" in message and "Frameworks" in message, message
+def test_several_devices_get_ddp_on_the_flagos_process_group_backend(
+        tmp_path: Path, devices: object) -> None:
+    assert torch.flagos.device_count() == 2  # the test daemon serves 2: -1 means both
+    built = trainer(tmp_path, accelerator="flagos", devices=devices)
+    assert type(built.strategy).__name__ == "DDPStrategy", built.strategy
+    assert built.strategy._get_process_group_backend() == "flagos"
+    assert built.strategy.parallel_devices == [torch.device("flagos", 0),
+                                               torch.device("flagos", 1)]
 
 
-def test_more_than_one_node_is_refused_saying_why(tmp_path: Path) -> None:
-    with pytest.raises(MisconfigurationException, match="DDP strategy is not wired to flagos yet"):
-        trainer(tmp_path, accelerator="flagos", num_nodes=2)
+def test_several_nodes_get_ddp_on_the_flagos_process_group_backend(tmp_path: Path) -> None:
+    built = trainer(tmp_path, accelerator="flagos", devices=1, num_nodes=2)
+    assert type(built.strategy).__name__ == "DDPStrategy", built.strategy
+    assert built.strategy._get_process_group_backend() == "flagos"
+
+
+def test_ddp_on_two_devices_matches_one_process_on_the_global_batch() -> None:
+    # A user's script, run as one: Lightning's launcher starts rank 1 by
+    # running it again; rank 0 checks the weights against the reference.
+    result = subprocess.run(
+        [sys.executable, "lightning_ddp.py"], cwd=REPO / "tests" / "distributed",
+        env=dict(os.environ, OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    for rank in (0, 1):
+        assert f"rank {rank} lightning_ddp ok" in result.stdout, result.stdout + result.stderr[-4000:]
 
 
 def test_a_device_the_daemon_does_not_serve_is_refused(tmp_path: Path) -> None:
