@@ -67,15 +67,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(daemon, case: str, **extra: str) -> list[tuple[int, str, str]]:
-    """Both ranks as plain processes: [(exit status, stdout, stderr)] by rank."""
+def spawn(daemon, case: str, **extra: str) -> list[subprocess.Popen[str]]:
+    """Both ranks as plain processes, with text pipes."""
     port = str(free_port())
-    procs = [subprocess.Popen(
+    return [subprocess.Popen(
         [sys.executable, str(WORKLOAD), case],
         env=env_for(daemon, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra),
         cwd=WORKLOAD.parent, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True) for r in range(2)]
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
+    """[(exit status, stdout, stderr)] by rank; kills every rank on a timeout."""
     results = []
     for p in procs:
         try:
@@ -86,6 +90,11 @@ def launch(daemon, case: str, **extra: str) -> list[tuple[int, str, str]]:
             raise
         results.append((p.returncode, out, err))
     return results
+
+
+def launch(daemon, case: str, **extra: str) -> list[tuple[int, str, str]]:
+    """Both ranks as plain processes: [(exit status, stdout, stderr)] by rank."""
+    return finish(spawn(daemon, case, **extra))
 
 
 def reports(stdout: str, case: str) -> list[str]:
@@ -214,24 +223,18 @@ def test_a_rank_that_never_joins_times_out_naming_it(daemon) -> None:
 
 
 def test_a_daemon_restart_ends_the_process_group_with_the_sessions_loss(daemon) -> None:
-    port = str(free_port())
-    procs = [subprocess.Popen(
-        [sys.executable, str(WORKLOAD), "restarted"],
-        env=env_for(daemon, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-        cwd=WORKLOAD.parent, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = spawn(daemon, "restarted")
     try:
         for p in procs:  # both ranks all_reduce in a loop
             line = p.stdout.readline()
             assert line.strip().endswith("restarted: running"), line + p.stderr.read()[-4000:]
         crash_and_restart(daemon)
-        results = [p.communicate(timeout=RUN_TIMEOUT_S) for p in procs]
-    finally:
+    except BaseException:
         for p in procs:
             p.kill()
-    for p, (out, err) in zip(procs, results):
-        assert p.returncode == 0, out + err[-6000:]
+        raise
+    for code, out, err in finish(procs):
+        assert code == 0, out + err[-6000:]
         lines = [line for line in reports(out, "restarted") if "running" not in line]
         lost = [line for line in lines if ": lost: " in line]
         ended = [line for line in lines if ": lost: " not in line]
