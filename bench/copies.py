@@ -8,6 +8,9 @@ device→host into a preallocated, already-touched host tensor
 new allocation. The baseline is `ctypes.memmove` between two preallocated,
 touched host buffers of the same size (glibc memcpy, one thread). GB/s are
 10^9 bytes per second of the median time; ratio = flagos / memcpy.
+A second line under `.cpu()` compares it with native torch paying the same
+fresh allocation: `host.clone()` on CPU (a new tensor, its pages faulted in
+by the copy).
 
 Pinned rows (64 and 256 MiB): host→device is
 `pinned.to("flagos", non_blocking=True)` + `torch.flagos.synchronize()`,
@@ -58,7 +61,7 @@ def run(ctx: Context) -> list[Row]:
             ctypes.memmove(dst.data_ptr(), host.data_ptr(), nbytes)
             return now() - start
 
-        h2d_s, d2h_s, d2h_pre_s, memcpy_s = [], [], [], []
+        h2d_s, d2h_s, d2h_pre_s, memcpy_s, clone_s = [], [], [], [], []
         memcpy()
         dev = host.to("flagos")  # warm-up: allocator segment, registration
         synchronize("flagos")
@@ -79,23 +82,32 @@ def run(ctx: Context) -> list[Row]:
             dst.copy_(dev)
             d2h_pre_s.append(now() - start)
 
+            start = now()
+            native = host.clone()
+            clone_s.append(now() - start)
+            del native
+
             memcpy_s.append(memcpy())
         if not torch.equal(dst, host):
             raise RuntimeError(f"{mib} MiB: the bytes that came back differ from those sent")
         del dev
 
         base = _gbps(nbytes, median(memcpy_s))
-        h2d, d2h, d2h_pre = (_gbps(nbytes, median(s)) for s in (h2d_s, d2h_s, d2h_pre_s))
+        h2d, d2h, d2h_pre, clone = (_gbps(nbytes, median(s))
+                                    for s in (h2d_s, d2h_s, d2h_pre_s, clone_s))
         goal = GOAL if nbytes >= GOAL_MIN_BYTES else None
         best = [_gbps(nbytes, min(s)) for s in (h2d_s, d2h_s, d2h_pre_s, memcpy_s)]
         ctx.log(f"{mib} MiB, {repeats} repetitions: H2D {h2d:.2f} GB/s, D2H {d2h:.2f} GB/s "
-                f"(preallocated {d2h_pre:.2f}), memcpy {base:.2f} GB/s; best of each "
+                f"(preallocated {d2h_pre:.2f}), memcpy {base:.2f} GB/s, native clone {clone:.2f} GB/s; "
+                f"best of each "
                 + ", ".join(f"{b:.2f}" for b in best))
         rows += [
             Row(SECTION, f"H2D {mib} MiB: .to(\"flagos\") + synchronize", "GB/s", h2d, base,
                 "memcpy, 1 thread", lower_is_better=False, goal=goal),
             Row(SECTION, f"D2H {mib} MiB: .cpu()", "GB/s", d2h, base, "memcpy, 1 thread",
                 lower_is_better=False, goal=goal),
+            Row(SECTION, "D2H .cpu() against native torch's clone() into fresh memory", "GB/s",
+                d2h, clone, "CPU clone()", lower_is_better=False, extra=True),
             Row(SECTION, "D2H into a preallocated tensor: .copy_()", "GB/s", d2h_pre, base,
                 "memcpy, 1 thread", lower_is_better=False, extra=True),
         ]

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "flagos/hostcopy/bulk_copy.h"
 
 namespace flagos {
 namespace {
@@ -348,7 +349,7 @@ class CpuRuntime final : public DeviceRuntime {
     if (absl::Status s = (*d)->CheckStream(stream); !s.ok()) return s;
     if (nbytes == 0) return absl::OkStatus();
     if (absl::Status s = (*d)->CheckRange(dst, nbytes, "destination"); !s.ok()) return s;
-    std::memcpy(reinterpret_cast<void*>(dst), src, nbytes);
+    hostcopy::BulkCopy(reinterpret_cast<void*>(dst), src, nbytes);
     return absl::OkStatus();
   }
 
@@ -359,7 +360,7 @@ class CpuRuntime final : public DeviceRuntime {
     if (absl::Status s = (*d)->CheckStream(stream); !s.ok()) return s;
     if (nbytes == 0) return absl::OkStatus();
     if (absl::Status s = (*d)->CheckRange(src, nbytes, "source"); !s.ok()) return s;
-    std::memcpy(dst, reinterpret_cast<const void*>(src), nbytes);
+    hostcopy::BulkCopy(dst, reinterpret_cast<const void*>(src), nbytes);
     return absl::OkStatus();
   }
 
@@ -373,7 +374,11 @@ class CpuRuntime final : public DeviceRuntime {
     if (nbytes == 0) return absl::OkStatus();
     if (absl::Status s = (*d)->CheckRange(dst, nbytes, "destination"); !s.ok()) return s;
     if (absl::Status s = (*s_dev)->CheckRange(src, nbytes, "source"); !s.ok()) return s;
-    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+    if (dst + nbytes <= src || src + nbytes <= dst) {
+      hostcopy::BulkCopy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+    } else {
+      std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+    }
     return absl::OkStatus();
   }
 

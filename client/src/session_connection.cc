@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "flagos/hostcopy/bulk_copy.h"
 #include "flagos/v1/wire.h"
 #include "status_codes.h"
 #include "unary_calls.h"
@@ -454,7 +455,7 @@ absl::Status SessionConnection::Upload(int device, uint64_t stream, uint64_t add
       n = std::min(nbytes - done, staging_->max_chunk());
       absl::StatusOr<StagingRegion::Chunk> chunk = ClaimChunk(n);
       if (!chunk.ok()) return chunk.status();
-      std::memcpy(chunk->data, bytes + done, n);
+      hostcopy::BulkCopy(chunk->data, bytes + done, n);
       copy->mutable_staged()->set_offset(chunk->offset);
       copy->mutable_staged()->set_nbytes(n);
     } else {
@@ -480,12 +481,17 @@ absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst,
   };
   std::deque<InFlight> in_flight;
   absl::Status first_error;
+  // A fresh destination (the tensor `.cpu()` allocates) faults in 2 MiB
+  // pages rather than 4 KiB ones.
+  hostcopy::PrepareDestination(out, nbytes);
   // Waits for the oldest chunk, copies it out and frees it.
   const auto finish_oldest = [&]() {
     InFlight f = in_flight.front();
     in_flight.pop_front();
     absl::StatusOr<v1::Completion> completion = Await(f.ticket);
-    if (completion.ok() && first_error.ok()) std::memcpy(out + f.done, f.chunk.data, f.chunk.nbytes);
+    if (completion.ok() && first_error.ok()) {
+      hostcopy::BulkCopy(out + f.done, f.chunk.data, f.chunk.nbytes);
+    }
     staging_->Release(f.chunk.offset);
     if (!completion.ok() && first_error.ok()) first_error = completion.status();
   };
@@ -527,7 +533,7 @@ absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst,
     if (n == nbytes) {
       // One chunk: a plain call (the sync channel's short path).
       absl::StatusOr<v1::Completion> completion = Call(std::move(command), describe);
-      if (completion.ok()) std::memcpy(out, chunk->data, n);
+      if (completion.ok()) hostcopy::BulkCopy(out, chunk->data, n);
       staging_->Release(chunk->offset);
       return completion.status();
     }

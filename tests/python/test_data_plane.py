@@ -92,6 +92,29 @@ def test_strided_and_dtype_converting_copies_through_staging() -> None:
     assert torch.equal(dst.cpu(), base)
 
 
+def test_large_copies_at_odd_sizes_and_offsets_keep_every_byte() -> None:
+    """Sizes around the 1 MiB line where host copies switch to streaming
+    stores, and past one 16 MiB staging chunk; sources and destinations that
+    start mid-line; destinations fresh (`.cpu()`) and already written (the
+    bytes around the range must stay)."""
+    pattern = torch.randint(0, 256, (41 * MIB + 64,), dtype=torch.uint8,
+                            generator=torch.Generator().manual_seed(5))
+    for n in (MIB - 1, MIB, MIB + 3, 17 * MIB + 5, 41 * MIB):
+        for offset in (0, 1, 37):
+            src = pattern[offset:offset + n]
+            dev = src.to("flagos")
+            assert torch.equal(dev.cpu(), src), (n, offset)
+            landing = torch.full((n + 80,), 7, dtype=torch.uint8)
+            landing[offset + 3:offset + 3 + n].copy_(dev)
+            assert torch.equal(landing[offset + 3:offset + 3 + n], src), (n, offset)
+            assert int((landing[:offset + 3] != 7).sum()) == 0, (n, offset)
+            assert int((landing[offset + 3 + n:] != 7).sum()) == 0, (n, offset)
+            # Device to device (the cpu backend's own copies) at an odd offset.
+            moved = torch.empty(n + 9, dtype=torch.uint8, device="flagos")
+            moved[9:].copy_(dev)
+            assert torch.equal(moved[9:].cpu(), src), (n, offset)
+
+
 def test_concurrent_copies_from_several_threads_stay_intact() -> None:
     errors: list[str] = []
 
