@@ -106,11 +106,17 @@ v1::SessionInfo Session::Info() const {
   return info;
 }
 
-absl::Status Session::HandleBatch(v1::CommandBatch* batch) {
+absl::Status Session::HandleBatch(v1::CommandBatch* batch, std::shared_ptr<const void> keep) {
   if (batch->commands_size() > kMaxCommandsPerBatch) {
     return absl::InvalidArgumentError(absl::StrCat("a batch carries ", batch->commands_size(),
                                                    " commands; the limit is ",
                                                    kMaxCommandsPerBatch));
+  }
+  if (keep == nullptr) {
+    // A move between two heap messages swaps their contents.
+    auto owned = std::make_shared<v1::CommandBatch>(std::move(*batch));
+    batch = owned.get();
+    keep = std::move(owned);
   }
   absl::MutexLock lock(&dispatch_mu_);
   for (v1::Command& command : *batch->mutable_commands()) {
@@ -118,7 +124,7 @@ absl::Status Session::HandleBatch(v1::CommandBatch* batch) {
     const uint64_t seq = command.seq();
     const absl::string_view kind = CommandKindName(command);
     try {
-      Dispatch(std::move(command));
+      Dispatch(command, keep);
     } catch (const std::exception& e) {
       ReplyError(seq, kind,
                  absl::InternalError(absl::StrCat("flagosd failed to handle the command: ",
@@ -128,7 +134,8 @@ absl::Status Session::HandleBatch(v1::CommandBatch* batch) {
   return absl::OkStatus();
 }
 
-void Session::Dispatch(v1::Command command, bool ordered) {
+void Session::Dispatch(v1::Command& command, const std::shared_ptr<const void>& keep,
+                       bool ordered) {
   const uint64_t seq = command.seq();
   const absl::string_view kind = CommandKindName(command);
   if (ordered && has_seq_ && seq <= last_seq_) {
@@ -200,13 +207,13 @@ void Session::Dispatch(v1::Command command, bool ordered) {
         regions_.ReleaseStagedUpload(command);
         return ReplyError(seq, kind, s);
       }
-      return Enqueue(std::move(command), ordered);
+      return Enqueue(command, keep, ordered);
     case v1::Command::kRecordEvent:
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
-      return RecordEvent(std::move(command));
+      return RecordEvent(command);
     case v1::Command::kWaitEvent:
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
-      return WaitEvent(std::move(command));
+      return WaitEvent(command);
     case v1::Command::kQueryStream:
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
       return QueryStream(command);

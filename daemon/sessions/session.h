@@ -170,11 +170,16 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // Handles the commands of one batch (moved out of `batch`). A command's
-  // failure is replied as an error Completion; a non-OK status means the
-  // batch itself broke the protocol (too many commands) and the session
-  // must end with that status.
-  absl::Status HandleBatch(v1::CommandBatch* batch);
+  // Handles the commands of one batch. A command's failure is replied as an
+  // error Completion; a non-OK status means the batch itself broke the
+  // protocol (too many commands) and the session must end with that status.
+  //
+  // Queued commands stay where they were parsed: `keep` owns the storage of
+  // `batch` (the protobuf arena the session stream parsed it into) and is
+  // held until the last of them has executed, so no command is copied or
+  // destroyed one by one. Without `keep`, the batch's commands are moved
+  // into storage of the session's own first.
+  absl::Status HandleBatch(v1::CommandBatch* batch, std::shared_ptr<const void> keep = nullptr);
 
   // Ends the session; idempotent.
   CloseSummary Close();
@@ -228,8 +233,10 @@ class Session {
   // ---- dispatch and replies (session.cc).
   // `ordered`: the command came on the session stream and must follow the
   // previous one's seq (sync-channel commands are ordered by after_seq).
-  void Dispatch(v1::Command command, bool ordered = true)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // `keep` owns `command`'s storage (HandleBatch); a command that is queued
+  // holds it until it has executed.
+  void Dispatch(v1::Command& command, const std::shared_ptr<const void>& keep,
+                bool ordered = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   // Every reply goes through here: to the sync channel when it answers the
   // command waiting there, else to the session stream; never blocks
   // (replies_).
@@ -285,7 +292,9 @@ class Session {
 
   // ---- stream queues (session_streams.cc).
   // `ordered` as Dispatch's: a command that came on the session stream.
-  void Enqueue(v1::Command command, bool ordered) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // `keep` as Dispatch's.
+  void Enqueue(v1::Command& command, const std::shared_ptr<const void>& keep, bool ordered)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   // Runs `action` once every command already queued on `device` (every
   // device when device < 0) has executed and the device has completed its
   // work, and the host functions issued before returned (completion_fences.h).

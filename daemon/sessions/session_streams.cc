@@ -25,7 +25,8 @@ constexpr absl::Duration kQueryStreamSettle = absl::Milliseconds(1);
 
 }  // namespace
 
-void Session::Enqueue(v1::Command command, bool ordered) {
+void Session::Enqueue(v1::Command& command, const std::shared_ptr<const void>& keep,
+                      bool ordered) {
   absl::StatusOr<SessionStream*> state = streams_.Get(command.device(), command.stream());
   if (!state.ok()) {
     regions_.ReleaseStagedUpload(command);
@@ -79,8 +80,8 @@ void Session::Enqueue(v1::Command command, bool ordered) {
     });
   }
   (*state)->queue->Push(
-      [this, command = std::move(command), backend_stream, payload]() mutable {
-        Execute(command, backend_stream);
+      [this, command = &command, keep, backend_stream, payload]() {
+        Execute(*command, backend_stream);
         if (payload > 0) {
           absl::MutexLock lock(&payload_mu_);
           queued_payload_bytes_ -= payload;
@@ -193,7 +194,9 @@ bool Session::HandleSyncRequest(v1::SyncRequest& request) {
   }
   sync_.Expect(seq);
   try {
-    Dispatch(std::move(command), /*ordered=*/false);
+    // Queued, the command outlives the request (the channel's next read).
+    auto owned = std::make_shared<v1::Command>(std::move(command));
+    Dispatch(*owned, owned, /*ordered=*/false);
   } catch (const std::exception& e) {
     ReplyError(seq, "sync channel",
                absl::InternalError(absl::StrCat("flagosd failed to handle the command: ",
