@@ -56,6 +56,12 @@ void StreamingCopy(char* dst, const char* src, size_t n) {
 }  // namespace
 
 void BulkCopy(void* dst, const void* src, size_t n) {
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  if (d < s + n && s < d + n) {
+    std::memmove(dst, src, n);
+    return;
+  }
 #if defined(__SSE2__)
   if (n >= kStreamingMinBytes && EndsPresent(dst, n)) {
     StreamingCopy(static_cast<char*>(dst), static_cast<const char*>(src), n);

@@ -374,11 +374,7 @@ class CpuRuntime final : public DeviceRuntime {
     if (nbytes == 0) return absl::OkStatus();
     if (absl::Status s = (*d)->CheckRange(dst, nbytes, "destination"); !s.ok()) return s;
     if (absl::Status s = (*s_dev)->CheckRange(src, nbytes, "source"); !s.ok()) return s;
-    if (dst + nbytes <= src || src + nbytes <= dst) {
-      hostcopy::BulkCopy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
-    } else {
-      std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
-    }
+    hostcopy::BulkCopy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
     return absl::OkStatus();
   }
 

@@ -332,8 +332,8 @@ class Session {
   // ---- events (session_events.cc; flagos.proto RecordEvent ...).
   class RecordTask;
   // Reading thread.
-  void RecordEvent(v1::Command command);
-  void WaitEvent(v1::Command command);
+  void RecordEvent(const v1::Command& command);
+  void WaitEvent(const v1::Command& command);
   void QueryEvent(const v1::Command& command);
   void SynchronizeEvent(const v1::Command& command);
   void ElapsedTime(const v1::Command& command);

@@ -70,7 +70,7 @@ void Session::IssueRecord(uint64_t seq, EventRecord& record, StreamHandle backen
   for (std::function<void()>& action : actions) action();
 }
 
-void Session::RecordEvent(v1::Command command) {
+void Session::RecordEvent(const v1::Command& command) {
   const uint64_t seq = command.seq();
   const uint64_t event = command.record_event().event();
   if (absl::Status s = CheckEventId(seq, "record_event", event); !s.ok()) {
@@ -90,7 +90,7 @@ void Session::RecordEvent(v1::Command command) {
   (*state)->queue->Push(RecordTask(this, seq, std::move(record), (*state)->backend_stream));
 }
 
-void Session::WaitEvent(v1::Command command) {
+void Session::WaitEvent(const v1::Command& command) {
   const uint64_t seq = command.seq();
   const uint64_t event = command.wait_event().event();
   if (absl::Status s = CheckEventId(seq, "wait_event", event); !s.ok()) {

@@ -31,9 +31,9 @@ namespace flagos::hostcopy {
 // read soon, and in cache).
 inline constexpr size_t kStreamingMinBytes = size_t{1} << 20;
 
-// Copies `n` bytes from `src` to `dst` (which do not overlap). From
-// kStreamingMinBytes on, with non-temporal stores where the CPU has them
-// (x86-64) and the destination's pages are present; otherwise memcpy.
+// Copies `n` bytes from `src` to `dst`. From kStreamingMinBytes on, with
+// non-temporal stores where the CPU has them (x86-64) and the destination's
+// pages are present; otherwise memcpy, or memmove when the ranges overlap.
 void BulkCopy(void* dst, const void* src, size_t n);
 
 // Readies [dst, dst + n) for a copy into it: when the range is at least
