@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: timing, result rows, tables, the machine.
 
-Every benchmark module (tiny_op, roundtrip, copies, training, multiproc,
+Every benchmark module (tiny_op, roundtrip, copies, training, multiproc, tcp,
 allreduce)
 exposes `run(ctx) -> list[Row]`; bench/run.py runs them all against one
 flagosd and prints/writes the table. A module can also be run on its own

@@ -3,7 +3,7 @@
 `scripts/bench` builds, starts a private flagosd, sets FLAGOS_ENDPOINT and
 runs this. Each benchmark measures its flagos figure and its baseline in the
 same run (see the module docstrings: tiny_op, roundtrip, copies, training,
-multiproc, allreduce; the shared timing code is in common.py). Prints a table and, for
+multiproc, allreduce, tcp; the shared timing code is in common.py). Prints a table and, for
 a full run, writes it with the machine's description and the goals to
 docs/performance.md.
 
@@ -26,6 +26,7 @@ import allreduce
 import copies
 import multiproc
 import roundtrip
+import tcp
 import tiny_op
 import training
 import torch_fl
@@ -38,6 +39,7 @@ BENCHMARKS = {
     "training": training,
     "multiproc": multiproc,
     "allreduce": allreduce,
+    "tcp": tcp,
 }
 # More than this fraction of the CPUs busy with other work makes figures unreliable.
 BUSY_WARNING = 0.15
@@ -64,6 +66,9 @@ GOALS = [
                      f"{allreduce.GOAL_BANDWIDTH_BYTES >> 20} MiB ≥ {allreduce.GOAL_BANDWIDTH:g}× "
                      f"memcpy; at 1 KiB ≤ {allreduce.GOAL_LATENCY:g}× a gloo allreduce of CPU "
                      f"tensors between the same processes"),
+    ("7. TCP on loopback", f"a TCP session's `.item()` ≤ {tcp.ITEM_GOAL:g}× a raw TCP ping-pong; "
+                           f"its copies of {tcp.SIZES_MIB[0]} and {tcp.SIZES_MIB[1]} MiB ≥ "
+                           f"{tcp.BULK_GOAL:g}× raw TCP throughput"),
 ]
 
 

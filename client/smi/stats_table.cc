@@ -85,7 +85,10 @@ std::string FormatStats(const std::string& endpoint, const v1::GetStatsResponse&
         "%-7d %-8d %-6s %-6s %-9s %7d %11s %10d %7s  ", s.id(), s.pid(),
         known ? absl::StrCat(s.uid()) : "?", known ? absl::StrCat(s.gid()) : "?",
         s.torch_version().empty() ? "?" : s.torch_version().substr(0, 9), s.streams(),
-        Bytes(s.segment_bytes()), s.commands(), s.staging_attached() ? "shm" : "inline");
+        Bytes(s.segment_bytes()), s.commands(),
+        s.staging_attached()          ? "shm"
+        : s.sync_channel_attached()   ? "tcp"
+                                      : "inline");
     if (width > 0 && line.size() + what.size() > static_cast<size_t>(width)) {
       const size_t room = static_cast<size_t>(width) > line.size() + 3 ? width - line.size() - 3 : 0;
       what = absl::StrCat(what.substr(0, room), "...");

@@ -1,13 +1,16 @@
-// SendAttach: one attach exchange on flagosd's staging socket (flagos.proto,
-// StagingAttach): connect, send the length-prefixed StagingAttach with a
-// memfd as SCM_RIGHTS, read the length-prefixed StagingAttached. Used for
-// the staging region (whose connection then stays open as the sync
-// channel) and for pinned host regions.
+// The attach exchanges with flagosd (flagos.proto). SendAttach, on the
+// staging socket (StagingAttach): connect, send the length-prefixed
+// StagingAttach with a memfd as SCM_RIGHTS, read the length-prefixed
+// StagingAttached; used for the staging region (whose connection then stays
+// open as the sync channel) and for pinned host regions. AttachSyncChannel,
+// a TCP session's (SyncAttach): connect to the daemon's sync port, send the
+// SyncAttach, read the StagingAttached; the connection is the sync channel.
 //
 // Thread safety: a free function; calls are independent.
 #ifndef FLAGOS_CLIENT_SRC_ATTACH_SOCKET_H_
 #define FLAGOS_CLIENT_SRC_ATTACH_SOCKET_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,6 +26,13 @@ namespace flagos::client {
 // why no answer came.
 absl::StatusOr<int> SendAttach(const std::string& socket_path, const v1::StagingAttach& attach,
                                int fd, absl::Time deadline);
+
+// Connects to `host`:`port` (TCP_NODELAY), sends `attach` and waits until
+// `deadline` for the daemon's answer. On acceptance returns the connected,
+// blocking socket (the caller owns it); else the refusal ("sync attach
+// refused: ...") or why no answer came.
+absl::StatusOr<int> AttachSyncChannel(const std::string& host, uint32_t port,
+                                      const v1::SyncAttach& attach, absl::Time deadline);
 
 }  // namespace flagos::client
 

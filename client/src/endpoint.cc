@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "channel_credentials.h"
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "grpc/grpc.h"
@@ -165,6 +166,17 @@ std::optional<std::string> UnixSocketPath(absl::string_view endpoint) {
   if (absl::StartsWith(endpoint, "unix:")) return std::string(endpoint.substr(5));
   if (absl::StartsWith(endpoint, "/")) return std::string(endpoint);
   return std::nullopt;
+}
+
+std::string TcpHost(absl::string_view endpoint) {
+  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&endpoint, scheme)) break;
+  }
+  absl::string_view host = endpoint.substr(0, endpoint.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::string(host);
 }
 
 namespace {

@@ -25,6 +25,11 @@ inline constexpr int kMaxMessageBytes = 256 << 20;
 // The socket path of a "unix:" endpoint; nullopt for any other endpoint.
 std::optional<std::string> UnixSocketPath(absl::string_view endpoint);
 
+// The host of a TCP endpoint "host:port" (also "dns:///host:port",
+// "ipv4:a.b.c.d:port", "ipv6:[::1]:port"), without an IPv6 address's
+// brackets, for getaddrinfo.
+std::string TcpHost(absl::string_view endpoint);
+
 // UNAVAILABLE: "flagosd at <endpoint> is not reachable (<reason>): start it
 // with <a command that serves this endpoint to this client>, or set
 // FLAGOS_ENDPOINT to a running daemon". (A socket this user may not open is

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "flagos/hostcopy/bulk_copy.h"
 #include "flagos/v1/wire.h"
+#include "attach_socket.h"
+#include "endpoint.h"
 #include "status_codes.h"
 #include "unary_calls.h"
 
@@ -27,6 +29,10 @@ constexpr absl::Duration kCloseGrace = absl::Seconds(2);
 constexpr absl::Duration kSyncLossGrace = absl::Seconds(2);
 constexpr absl::Duration kStatsTimeout = absl::Seconds(5);
 constexpr absl::Duration kAttachTimeout = absl::Seconds(2);
+// A TCP session's uploads from this size on travel raw on the sync channel
+// (a round trip per kMaxCopyChunk); smaller ones inline on the session
+// stream, without waiting.
+constexpr uint64_t kMinRawUploadBytes = 256 << 10;
 // Empty idle-flush periods before the flusher sleeps until woken.
 constexpr int kIdleFlushTicks = 20;
 
@@ -98,9 +104,12 @@ absl::Status SessionConnection::OpenSession(const std::string& client_name, absl
   if (opened_) {
     const std::string socket = staging_socket_;
     const std::string token = staging_token_;
+    const uint32_t sync_port = sync_port_;
     mu_.Unlock();
     if (!socket.empty() && options_.staging) {
       AttachStaging(socket, token, absl::Now() + kAttachTimeout);
+    } else if (socket.empty() && sync_port != 0) {
+      AttachSyncOverTcp(sync_port, token, absl::Now() + kAttachTimeout);
     }
     if (options_.idle_flush != absl::InfiniteDuration()) {
       flusher_ = std::thread(&SessionConnection::FlushLoop, this);
@@ -135,6 +144,7 @@ void SessionConnection::ReadLoop(v1::ClientMessage open) {
         session_id_ = message.opened().session_id();
         staging_socket_ = message.opened().staging_socket();
         staging_token_ = message.opened().staging_token();
+        sync_port_ = message.opened().sync_port();
       }
       for (v1::Completion& completion : *message.mutable_completions()) {
         DeliverLocked(&completion);
@@ -188,6 +198,24 @@ void SessionConnection::AttachStaging(const std::string& socket, const std::stri
   }
   staging_ = *std::move(region);
   sync_ = std::make_unique<SyncChannel>(*channel);
+}
+
+void SessionConnection::AttachSyncOverTcp(uint32_t port, const std::string& token,
+                                          absl::Time deadline) {
+  v1::SyncAttach attach;
+  attach.set_session_id(session_id());
+  attach.set_token(token);
+  attach.set_raw_payloads(true);
+  const std::string host = TcpHost(endpoint_);
+  absl::StatusOr<int> channel = AttachSyncChannel(host, port, attach, deadline);
+  if (!channel.ok()) {
+    LogOnce(absl::StrCat("flagos: no sync channel with flagosd at ", endpoint_, " (",
+                         channel.status().message(),
+                         "); synchronous calls travel inside the session stream"));
+    return;
+  }
+  sync_ = std::make_unique<SyncChannel>(*channel);
+  sync_raw_payloads_ = true;
 }
 
 void SessionConnection::FlushLoop() {
@@ -360,8 +388,9 @@ absl::Status SessionConnection::CompletionError(uint64_t seq,
                                                                 : completion.message()));
 }
 
-absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(v1::Command command,
-                                                                    std::string describe) {
+absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(
+    v1::Command command, std::string describe, absl::Span<const char> payload,
+    absl::Span<char> into) {
   absl::MutexLock sync_lock(&sync_mu_);
   v1::SyncRequest request;
   bool flush;
@@ -382,7 +411,8 @@ absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(v1::Command 
     SendPendingLocked().IgnoreError();  // a broken stream ends the call below
   }
   *request.mutable_command() = std::move(command);
-  absl::StatusOr<v1::Completion> reply = sync_->Call(request);
+  request.set_payload_bytes(payload.size());
+  absl::StatusOr<v1::Completion> reply = sync_->Call(request, payload, into);
   absl::MutexLock lock(&mu_);
   if (!reply.ok()) {
     if (!async_error_.ok()) return TakeAsyncErrorLocked();
@@ -458,6 +488,16 @@ absl::Status SessionConnection::Upload(int device, uint64_t stream, uint64_t add
       hostcopy::BulkCopy(chunk->data, bytes + done, n);
       copy->mutable_staged()->set_offset(chunk->offset);
       copy->mutable_staged()->set_nbytes(n);
+    } else if (sync_raw_payloads_ && nbytes >= kMinRawUploadBytes) {
+      // A TCP session's bulk bytes go raw on the sync channel: no copy into
+      // a message, no HTTP/2 framing; the daemon acknowledges each chunk
+      // once it has it queued.
+      n = std::min(nbytes - done, kMaxCopyChunk);
+      absl::StatusOr<v1::Completion> queued = CallOnSyncChannel(
+          std::move(command), describe, absl::Span<const char>(bytes + done, n));
+      if (!queued.ok()) return queued.status();
+      done += n;
+      continue;
     } else {
       n = std::min(nbytes - done, kMaxCopyChunk);
       copy->set_data(bytes + done, n);
@@ -504,8 +544,15 @@ absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst,
     if (staging_ == nullptr) {
       const uint64_t n = std::min(nbytes - done, kMaxCopyChunk);
       copy->set_nbytes(n);
-      absl::StatusOr<v1::Completion> completion = Call(std::move(command), describe);
+      absl::StatusOr<v1::Completion> completion =
+          sync_raw_payloads_
+              ? CallOnSyncChannel(std::move(command), describe, {}, absl::Span<char>(out + done, n))
+              : Call(std::move(command), describe);
       if (!completion.ok()) return completion.status();
+      if (completion->payload_bytes() == n && completion->data().empty()) {
+        done += n;  // read straight into `out`
+        continue;
+      }
       if (completion->data().size() != n) {
         return absl::InternalError(absl::StrCat("flagos: flagosd returned ",
                                                 completion->data().size(),

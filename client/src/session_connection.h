@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
+#include "absl/types/span.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -96,12 +97,19 @@ class SessionConnection final : public Connection {
   // Attaches a staging region when the daemon offers one (best effort: on
   // failure bytes travel inline, and the reason is logged once).
   void AttachStaging(const std::string& socket, const std::string& token, absl::Time deadline);
+  // Attaches a TCP session's sync channel to the daemon's sync port (best
+  // effort, like AttachStaging: synchronous calls use the stream otherwise).
+  void AttachSyncOverTcp(uint32_t port, const std::string& token, absl::Time deadline);
   // A staging chunk of `nbytes`, waiting (flushing first) while the ring is
   // full; UNAVAILABLE when the session ends meanwhile.
   absl::StatusOr<StagingRegion::Chunk> ClaimChunk(uint64_t nbytes);
   void WakeFlusher();
   // Call over the sync channel (a command that owes a reply).
-  absl::StatusOr<v1::Completion> CallOnSyncChannel(v1::Command command, std::string describe);
+  // `payload` is sent raw after the request (a copy_to_device's bytes, TCP
+  // channels only); a reply's raw payload of `into`'s size lands in `into`.
+  absl::StatusOr<v1::Completion> CallOnSyncChannel(v1::Command command, std::string describe,
+                                                   absl::Span<const char> payload = {},
+                                                   absl::Span<char> into = {});
   // A Completion's error as the caller sees it (naming the command).
   absl::Status CompletionError(uint64_t seq, const v1::Completion& completion) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -135,6 +143,8 @@ class SessionConnection final : public Connection {
   std::unique_ptr<StagingRegion> staging_;
   // The attach socket, kept as the sync channel; set with staging_.
   std::unique_ptr<SyncChannel> sync_;
+  // sync_ is a TCP channel that carries bulk bytes raw (SyncAttach.raw_payloads).
+  bool sync_raw_payloads_ = false;
   // One sync-channel call at a time.
   absl::Mutex sync_mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
 
@@ -180,6 +190,7 @@ class SessionConnection final : public Connection {
   uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::string staging_socket_ ABSL_GUARDED_BY(mu_);  // from SessionOpened
   std::string staging_token_ ABSL_GUARDED_BY(mu_);
+  uint32_t sync_port_ ABSL_GUARDED_BY(mu_) = 0;  // SessionOpened.sync_port
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // Close was called
   // OK while the stream lives; once the reader thread is done, why it ended
   // (what callers see) and the gRPC status it ended with.

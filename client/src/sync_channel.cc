@@ -21,8 +21,13 @@ SyncChannel::~SyncChannel() { close(fd_); }
 
 void SyncChannel::Shutdown() { shutdown(fd_, SHUT_RDWR); }
 
-absl::StatusOr<v1::Completion> SyncChannel::Call(const v1::SyncRequest& request) {
-  if (!v1::WriteFrame(fd_, request)) return absl::UnavailableError("the sync channel is closed");
+absl::StatusOr<v1::Completion> SyncChannel::Call(const v1::SyncRequest& request,
+                                                 absl::Span<const char> payload,
+                                                 absl::Span<char> into) {
+  const bool sent = payload.empty() ? v1::WriteFrame(fd_, request)
+                                    : v1::WriteFrameAndPayload(fd_, v1::EncodeFrame(request),
+                                                               payload.data(), payload.size());
+  if (!sent) return absl::UnavailableError("the sync channel is closed");
   std::string body;
   switch (v1::ReadFrame(fd_, kMaxReplyBytes, &body)) {
     case v1::FrameResult::kOk:
@@ -36,6 +41,18 @@ absl::StatusOr<v1::Completion> SyncChannel::Call(const v1::SyncRequest& request)
   v1::Completion completion;
   if (!completion.ParseFromString(body)) {
     return absl::InternalError("the sync channel carried a frame that is not a Completion");
+  }
+  if (const uint64_t n = completion.payload_bytes(); n > 0) {
+    if (n > kMaxReplyBytes) {
+      return absl::InternalError(
+          absl::StrCat("the sync channel announced a payload over ", kMaxReplyBytes, " bytes"));
+    }
+    char* out = into.data();
+    if (n != into.size()) {
+      completion.mutable_data()->resize(n);
+      out = completion.mutable_data()->data();
+    }
+    if (!v1::ReadBytes(fd_, out, n)) return absl::UnavailableError("the sync channel is closed");
   }
   return completion;
 }

@@ -1,6 +1,8 @@
 // SyncChannel: the session's fast path for one synchronous command at a
 // time (flagos.proto, SyncRequest): length-prefixed frames on the Unix
-// socket the staging region was attached over. A round trip is one write
+// socket the staging region was attached over, or on a TCP session's
+// SyncAttach connection (where bulk bytes may travel raw after a frame:
+// SyncRequest and Completion's payload_bytes). A round trip is one write
 // and one blocking read in the calling thread, with no gRPC threads in
 // between.
 //
@@ -10,6 +12,7 @@
 #define FLAGOS_CLIENT_SRC_SYNC_CHANNEL_H_
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "flagos/v1/flagos.pb.h"
 
 namespace flagos::client {
@@ -23,9 +26,14 @@ class SyncChannel {
   SyncChannel(const SyncChannel&) = delete;
   SyncChannel& operator=(const SyncChannel&) = delete;
 
-  // Sends `request`, returns the daemon's Completion. UNAVAILABLE when the
-  // channel is closed (the daemon ended the session or Shutdown was called).
-  absl::StatusOr<v1::Completion> Call(const v1::SyncRequest& request);
+  // Sends `request` (then `payload`, raw: request.payload_bytes() must be
+  // its size), returns the daemon's Completion. A reply's raw payload
+  // (Completion.payload_bytes) is read into `into` when it has that size,
+  // else into the completion's data. UNAVAILABLE when the channel is closed
+  // (the daemon ended the session or Shutdown was called).
+  absl::StatusOr<v1::Completion> Call(const v1::SyncRequest& request,
+                                      absl::Span<const char> payload = {},
+                                      absl::Span<char> into = {});
 
   void Shutdown();
 

@@ -103,6 +103,10 @@ v1::SessionInfo Session::Info() const {
   info.set_command_line(command_line_);
   info.set_running_commands(running_commands());
   info.set_streams(static_cast<uint32_t>(streams_.size()));
+  info.set_sync_channel_attached(sync_.started());
+  info.set_sync_bytes_received(sync_.bytes_received());
+  info.set_sync_bytes_sent(sync_.bytes_sent());
+  info.set_sync_requests(sync_.requests());
   return info;
 }
 

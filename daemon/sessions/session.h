@@ -204,13 +204,13 @@ class Session {
   // The secret that proves an attaching process owns this session: sent
   // only on the session's own stream (SessionOpened.staging_token).
   const std::string& staging_token() const { return staging_token_; }
-  // Maps the client's staging region (StagingListener, any thread): checks
+  // Maps the client's staging region (AttachListener, any thread): checks
   // the token, then the layout (StagingRegion::Map). Closes `fd`. `uid` is
   // the attaching process's uid from the socket's peer credentials (-1 when
   // unknown): PERMISSION_DENIED when it is not the session's own.
   // ALREADY_EXISTS when a region is attached already.
   absl::Status AttachStaging(const v1::StagingAttach& attach, int fd, int64_t uid);
-  // Maps a pinned host region of the client (StagingListener, any thread;
+  // Maps a pinned host region of the client (AttachListener, any thread;
   // `attach.pinned` is set): checks the token, the id (> 0, not attached
   // yet), the session's bounds (kMaxPinnedRegionsPerSession,
   // kMaxPinnedBytesPerSession), then the file (PinnedRegion::Map). Closes
@@ -218,10 +218,17 @@ class Session {
   absl::Status AttachPinned(const v1::StagingAttach& attach, int fd);
   // Bytes of the pinned host regions attached now.
   uint64_t pinned_bytes() const;
+  // Checks a TCP client's sync-channel attach (AttachListener, any thread):
+  // PERMISSION_DENIED for the wrong token, ALREADY_EXISTS when the session
+  // has a sync channel already. The caller then calls StartSyncChannel.
+  absl::Status AttachSyncChannel(const v1::SyncAttach& attach);
   // Serves the sync channel on `fd` (the attach connection; see SyncRequest
   // in flagos.proto) from a thread of its own until the session closes.
-  // Takes `fd`. Called once, by the StagingListener after the attach.
-  void StartSyncChannel(int fd);
+  // Takes `fd`. Called once, by the AttachListener after the attach (a
+  // second channel is closed at once).
+  // With `raw_payloads` (SyncAttach.raw_payloads) replies' bytes go raw
+  // after their frames.
+  void StartSyncChannel(int fd, bool raw_payloads = false);
   // Bytes of messages received from / sent to the client on the session
   // stream (called by the service).
   void CountStreamBytes(uint64_t received, uint64_t sent) {

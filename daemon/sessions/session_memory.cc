@@ -169,6 +169,20 @@ absl::Status Session::AttachPinned(const v1::StagingAttach& attach, int fd) {
   return regions_.AttachPinned(attach, fd);
 }
 
+absl::Status Session::AttachSyncChannel(const v1::SyncAttach& attach) {
+  if (!SameSecret(attach.token(), staging_token_)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the sync-channel attach for session ", id_,
+        " carries the wrong token; only the process that opened the session may attach"));
+  }
+  if (sync_.started()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("session ", id_, " has a sync channel already"));
+  }
+  LogInfo(absl::StrCat("session ", id_, " (pid ", pid_, "): sync channel attached over TCP"));
+  return absl::OkStatus();
+}
+
 uint64_t Session::pinned_bytes() const { return regions_.pinned_bytes(); }
 
 void Session::ScheduleReleasePinned(uint64_t seq, uint64_t region) {

@@ -161,13 +161,14 @@ void Session::ReplySyncAfterFrees(uint64_t seq, int device, uint64_t frees_befor
 }
 
 
-void Session::StartSyncChannel(int fd) {
+void Session::StartSyncChannel(int fd, bool raw_payloads) {
   absl::MutexLock lock(&dispatch_mu_);
   if (sync_closing_) {
     close(fd);
     return;
   }
-  sync_.Start(fd, [this](v1::SyncRequest& request) { return HandleSyncRequest(request); });
+  sync_.Start(
+      fd, [this](v1::SyncRequest& request) { return HandleSyncRequest(request); }, raw_payloads);
 }
 
 bool Session::HandleSyncRequest(v1::SyncRequest& request) {
@@ -181,6 +182,21 @@ bool Session::HandleSyncRequest(v1::SyncRequest& request) {
   };
   dispatch_mu_.Await(absl::Condition(&caught_up));
   if (sync_closing_) return false;
+  if (seq != 0 && command.kind_case() == v1::Command::kCopyToDevice &&
+      !command.copy_to_device().has_staged() && !command.copy_to_device().has_pinned()) {
+    // Bytes sent on the channel (a TCP client's upload): queued in order
+    // and acknowledged at once; the copy's own failure is asynchronous.
+    try {
+      auto owned = std::make_shared<v1::Command>(std::move(command));
+      Dispatch(*owned, owned, /*ordered=*/false);
+    } catch (const std::exception& e) {
+      ReplyError(seq, "sync channel",
+                 absl::InternalError(absl::StrCat("flagosd failed to handle the command: ",
+                                                  e.what())));
+    }
+    sync_.Write(Done(seq));
+    return true;
+  }
   if (seq == 0 || !v1::OwesReply(command)) {
     // Answered here, on the channel it came on: the client waits on it
     // (a reply by seq would go to the session stream).

@@ -192,7 +192,7 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
 grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStream* stream) {
   v1::ClientMessage message;
   // Who connected, from the kernel: the unix sockets' connections are the
-  // daemon's own accepts (UnixAcceptor); a TCP peer has no credentials.
+  // daemon's own accepts (SocketAcceptor); a TCP peer has no credentials.
   std::optional<PeerCredentials> peer;
   if (std::optional<int> fd = AcceptedDescriptor(context->peer()); fd.has_value()) {
     if (absl::StatusOr<PeerCredentials> read = ReadPeerCredentials(*fd); read.ok()) {
@@ -293,6 +293,10 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
   // memory; TCP clients send them inline.
   if (!staging_socket_.empty() && peer.has_value()) {
     opened.mutable_opened()->set_staging_socket(staging_socket_);
+    opened.mutable_opened()->set_staging_token(session->staging_token());
+  } else if (sync_port_ != 0 && !peer.has_value()) {
+    // A TCP client's synchronous commands take a socket of their own.
+    opened.mutable_opened()->set_sync_port(static_cast<uint32_t>(sync_port_));
     opened.mutable_opened()->set_staging_token(session->staging_token());
   }
   write(opened);

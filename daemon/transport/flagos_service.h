@@ -47,6 +47,10 @@ class FlagosService final : public v1::Flagos::Service {
   // The staging socket offered to sessions opened over a unix socket (empty:
   // none). Call before the server starts.
   void set_staging_socket(std::string path) { staging_socket_ = std::move(path); }
+  // The sync listener's port offered to sessions opened over TCP (0: none;
+  // they keep synchronous commands on the session stream). Call before the
+  // server starts.
+  void set_sync_port(int port) { sync_port_ = port; }
   // Writes every session's client messages into `dir` as fuzzing inputs
   // (MessageRecorder; empty: none, the default). Call before the server
   // starts.
@@ -91,6 +95,7 @@ class FlagosService final : public v1::Flagos::Service {
   const double start_time_;  // seconds since the epoch
   const OpLimits op_limits_;
   std::string staging_socket_;
+  int sync_port_ = 0;
   std::string record_dir_;
   SessionAccess access_;
   MemoryQuotas* quotas_ = nullptr;

@@ -52,8 +52,9 @@ uint64_t ReplyWriter::unread_bytes() const {
 void ReplyWriter::DropPendingLocked() {
   for (const v1::Completion& completion : outbox_) unread_bytes_ -= completion.ByteSizeLong();
   outbox_.clear();
-  unread_bytes_ -= sync_pending_.size();
+  unread_bytes_ -= sync_pending_bytes_;
   sync_pending_.clear();
+  sync_pending_bytes_ = 0;
 }
 
 bool ReplyWriter::ReserveLocked(uint64_t bytes) {
@@ -85,26 +86,34 @@ void ReplyWriter::PostCompletion(v1::Completion completion) {
   }
 }
 
-void ReplyWriter::PostSyncFrame(int fd, std::string frame) {
+void ReplyWriter::PostSyncFrame(int fd, std::string frame, std::string payload) {
   bool ended = false;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ || sync_gone_ || exceeded_) return;
     sync_fd_ = fd;
-    size_t sent = 0;
+    Piece pieces[2] = {{std::move(frame), 0}, {std::move(payload), 0}};
     if (sync_pending_.empty() && !sync_in_flight_) {
-      // The fast path: the socket takes the whole frame now, as a reply
+      // The fast path: the socket takes the whole reply now, as a reply
       // the client waits for usually does.
-      if (!SendSome(fd, frame, &sent, MSG_DONTWAIT)) {
-        sync_gone_ = true;
-        return;
+      for (Piece& piece : pieces) {
+        if (!SendSome(fd, piece.bytes, &piece.sent, MSG_DONTWAIT)) {
+          sync_gone_ = true;
+          return;
+        }
+        if (piece.sent < piece.bytes.size()) break;  // the socket is full
       }
-      if (sent == frame.size()) return;
     }
-    if (!ReserveLocked(frame.size() - sent)) {
+    const uint64_t left = pieces[0].bytes.size() - pieces[0].sent + pieces[1].bytes.size() -
+                          pieces[1].sent;
+    if (left == 0) return;
+    if (!ReserveLocked(left)) {
       ended = true;
     } else {
-      sync_pending_.append(frame, sent, std::string::npos);
+      for (Piece& piece : pieces) {
+        if (piece.sent < piece.bytes.size()) sync_pending_.push_back(std::move(piece));
+      }
+      sync_pending_bytes_ += left;
     }
   }
   if (ended) {
@@ -124,20 +133,26 @@ void ReplyWriter::Run() {
     if (stopping_) return;
     if (!sync_pending_.empty()) {
       // Sync bytes first: the client waits for them in a blocking call.
-      std::string bytes;
-      bytes.swap(sync_pending_);
+      std::deque<Piece> pieces;
+      pieces.swap(sync_pending_);
+      const uint64_t bytes = sync_pending_bytes_;
+      sync_pending_bytes_ = 0;
       const int fd = sync_fd_;
       sync_in_flight_ = true;
       mu_.Unlock();
-      size_t sent = 0;
-      const bool ok = SendSome(fd, bytes, &sent, 0);
+      bool ok = true;
+      for (Piece& piece : pieces) {
+        if (!(ok = SendSome(fd, piece.bytes, &piece.sent, 0))) break;
+      }
+      pieces.clear();
       mu_.Lock();
       sync_in_flight_ = false;
-      unread_bytes_ -= bytes.size();
+      unread_bytes_ -= bytes;
       if (!ok) {
         sync_gone_ = true;
-        unread_bytes_ -= sync_pending_.size();
+        unread_bytes_ -= sync_pending_bytes_;
         sync_pending_.clear();
+        sync_pending_bytes_ = 0;
       }
       continue;
     }

@@ -64,12 +64,14 @@ class ReplyWriter {
 
   // Queues `completion` for the session stream. Never blocks.
   void PostCompletion(v1::Completion completion);
-  // Sends `frame` (EncodeFrame's bytes) on the sync channel socket `fd`:
-  // as much as the socket takes now, the rest by the writer thread. Never
-  // blocks. `fd` stays open until Stop returned (Session::Close's rule);
-  // one fd per writer. A send that fails (peer gone, socket shut down)
-  // drops the frame: the sync channel's reader sees the peer gone.
-  void PostSyncFrame(int fd, std::string frame);
+  // Sends `frame` (EncodeFrame's bytes), then `payload` (raw bytes that
+  // follow it; may be empty), on the sync channel socket `fd`: as much as
+  // the socket takes now, the rest by the writer thread (moved, not
+  // copied). Never blocks. `fd` stays open until Stop returned
+  // (Session::Close's rule); one fd per writer. A send that fails (peer
+  // gone, socket shut down) drops the frame: the sync channel's reader sees
+  // the peer gone.
+  void PostSyncFrame(int fd, std::string frame, std::string payload = std::string());
 
   // Waits until everything posted has been written (or dropped: stream
   // gone, bound exceeded), then stops the thread. For a session that ends
@@ -108,8 +110,14 @@ class ReplyWriter {
   // `write_` are called only after it is released.
   mutable absl::Mutex mu_;
   std::deque<v1::Completion> outbox_ ABSL_GUARDED_BY(mu_);
-  // Sync-channel bytes the socket did not take yet, in order.
-  std::string sync_pending_ ABSL_GUARDED_BY(mu_);
+  // Sync-channel bytes the socket did not take yet, in order: pieces (a
+  // frame, a payload), each from its `sent` on; sync_pending_bytes_ in all.
+  struct Piece {
+    std::string bytes;
+    size_t sent = 0;
+  };
+  std::deque<Piece> sync_pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t sync_pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int sync_fd_ ABSL_GUARDED_BY(mu_) = -1;
   // The writer thread is sending sync bytes it took out of sync_pending_:
   // a new frame queues behind them instead of taking the fast path.

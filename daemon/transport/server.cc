@@ -18,8 +18,8 @@
 #include "observability/metrics.h"
 #include "observability/metrics_endpoint.h"
 #include "sessions/session_registry.h"
-#include "transport/staging_listener.h"
-#include "transport/unix_acceptor.h"
+#include "transport/attach_listener.h"
+#include "transport/socket_acceptor.h"
 #include "execution/worker_pool.h"
 
 namespace flagos::daemon {
@@ -119,11 +119,29 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->service_->set_memory_quotas(server->quotas_.get());
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (endpoint.unix_path.empty()) continue;
-    absl::StatusOr<std::unique_ptr<StagingListener>> staging = StagingListener::Start(
+    absl::StatusOr<std::unique_ptr<AttachListener>> staging = AttachListener::StartStaging(
         absl::StrCat(endpoint.unix_path, ".staging"), endpoint, server->registry_.get());
     if (!staging.ok()) return staging.status();
     server->staging_ = *std::move(staging);
     server->service_->set_staging_socket(server->staging_->path());
+    break;
+  }
+  // Plaintext TCP (--insecure-tcp, loopback only) gets a sync listener on
+  // the same address; TLS sessions keep synchronous commands on their
+  // encrypted stream.
+  for (const ListenEndpoint& endpoint : server->listen_) {
+    if (!endpoint.unix_path.empty() || !endpoint.loopback || options.remote_access.tls() ||
+        !options.remote_access.insecure_tcp) {
+      continue;
+    }
+    const std::string host = endpoint.uri.substr(0, endpoint.uri.rfind(':'));
+    absl::StatusOr<std::unique_ptr<AttachListener>> sync =
+        AttachListener::StartSync(host, server->registry_.get());
+    if (!sync.ok()) return sync.status();
+    server->sync_listener_ = *std::move(sync);
+    server->service_->set_sync_port(server->sync_listener_->port());
+    LogInfo(absl::StrCat("sync channels of TCP sessions on ", host, ":",
+                         server->sync_listener_->port()));
     break;
   }
   grpc::EnableDefaultHealthCheckService(true);
@@ -160,7 +178,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       continue;
     }
     grpc::Server* grpc_server = server->server_.get();
-    absl::StatusOr<std::unique_ptr<UnixAcceptor>> acceptor = UnixAcceptor::Start(
+    absl::StatusOr<std::unique_ptr<SocketAcceptor>> acceptor = SocketAcceptor::StartUnix(
         endpoint, "session socket",
         [grpc_server](int fd) { grpc::AddInsecureChannelFromFd(grpc_server, fd); });
     if (!acceptor.ok()) return acceptor.status();
@@ -228,6 +246,7 @@ void Server::Wait() {
   waited_ = true;
   metrics_endpoint_.reset();
   if (staging_ != nullptr) staging_->Stop();
+  if (sync_listener_ != nullptr) sync_listener_->Stop();
   for (const ListenEndpoint& endpoint : listen_) {
     if (!endpoint.unix_path.empty()) unlink(endpoint.unix_path.c_str());
   }

@@ -34,8 +34,8 @@ class HealthCheck;
 class Metrics;
 class MetricsEndpoint;
 class SessionRegistry;
-class StagingListener;
-class UnixAcceptor;
+class AttachListener;
+class SocketAcceptor;
 class WorkerPool;
 
 // The largest gRPC message flagosd sends or accepts.
@@ -147,11 +147,13 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<SessionRegistry> registry_;
   // Next to the first unix endpoint; none when flagosd listens on TCP only.
-  std::unique_ptr<StagingListener> staging_;
+  std::unique_ptr<AttachListener> staging_;
+  // Beside the first plaintext TCP endpoint; none otherwise.
+  std::unique_ptr<AttachListener> sync_listener_;
   std::unique_ptr<FlagosService> service_;
   std::unique_ptr<grpc::Server> server_;
   // The unix --listen sockets, whose connections go to server_.
-  std::vector<std::unique_ptr<UnixAcceptor>> session_sockets_;
+  std::vector<std::unique_ptr<SocketAcceptor>> session_sockets_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<HealthCheck> health_;
   std::vector<ListenEndpoint> listen_;

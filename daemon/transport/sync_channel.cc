@@ -19,13 +19,14 @@ constexpr uint32_t kMaxSyncFrameBytes = 256u << 20;
 
 }  // namespace
 
-void SyncChannel::Start(int fd, Handler handle) {
+void SyncChannel::Start(int fd, Handler handle, bool raw_payloads) {
   absl::MutexLock lock(&mu_);
   if (detached_ || fd_ >= 0) {
     close(fd);
     return;
   }
   fd_ = fd;
+  raw_payloads_ = raw_payloads;
   thread_ = std::thread(&SyncChannel::Loop, this, std::move(handle));
 }
 
@@ -65,8 +66,41 @@ bool SyncChannel::Answer(v1::Completion& completion) {
 
 void SyncChannel::Write(v1::Completion completion) {
   completion.set_errors_before(errors_sent_.load());
+  std::string payload;
+  if (raw_payloads_ && !completion.data().empty()) {
+    // The bytes go raw after the frame: neither end copies them through
+    // the message.
+    payload = std::move(*completion.mutable_data());
+    completion.clear_data();
+    completion.set_payload_bytes(payload.size());
+  }
+  std::string frame = v1::EncodeFrame(completion);
+  bytes_sent_.fetch_add(frame.size() + payload.size(), std::memory_order_relaxed);
   // Without blocking; a client gone is seen by Loop.
-  replies_->PostSyncFrame(fd_, v1::EncodeFrame(completion));
+  replies_->PostSyncFrame(fd_, std::move(frame), std::move(payload));
+}
+
+absl::Status SyncChannel::ReadPayload(v1::SyncRequest& request) {
+  const uint64_t n = request.payload_bytes();
+  const v1::Command& command = request.command();
+  if (command.kind_case() != v1::Command::kCopyToDevice ||
+      !command.copy_to_device().data().empty() || command.copy_to_device().has_staged() ||
+      command.copy_to_device().has_pinned()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a sync-channel request with a raw payload carries command ", command.seq(),
+        ", which is not a copy_to_device of inline bytes"));
+  }
+  if (n > kMaxSyncFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a sync-channel payload of ", n,
+                                                   " bytes exceeds ", kMaxSyncFrameBytes));
+  }
+  std::string* data = request.mutable_command()->mutable_copy_to_device()->mutable_data();
+  data->resize(n);
+  if (!v1::ReadBytes(fd_, data->data(), n)) {
+    return absl::UnavailableError("the sync channel closed inside a payload");
+  }
+  bytes_received_.fetch_add(n, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 void SyncChannel::Loop(Handler handle) {
@@ -82,12 +116,22 @@ void SyncChannel::Loop(Handler handle) {
       shutdown(fd_, SHUT_RDWR);  // the client's waiting call fails, never hangs
       return;
     }
+    bytes_received_.fetch_add(4 + body.size(), std::memory_order_relaxed);
+    requests_.fetch_add(1, std::memory_order_relaxed);
     v1::SyncRequest request;
     if (!request.ParseFromString(body)) {
       LogWarning(absl::StrCat("session ", session_id_,
                               ": a sync-channel frame is not a SyncRequest; closing the channel"));
       shutdown(fd_, SHUT_RDWR);
       return;
+    }
+    if (request.payload_bytes() > 0) {
+      if (absl::Status s = ReadPayload(request); !s.ok()) {
+        LogWarning(absl::StrCat("session ", session_id_, ": ", s.message(),
+                                "; closing the sync channel"));
+        shutdown(fd_, SHUT_RDWR);
+        return;
+      }
     }
     if (!handle(request)) return;
   }

@@ -1,8 +1,11 @@
 // A session's sync channel (SyncRequest in flagos.proto): the staging
-// attach connection, carrying one synchronous command at a time, read by a
-// thread of its own; the reply to the command waiting there goes back on it
-// (sent without blocking by the session's ReplyWriter), every other reply to
-// the session stream.
+// attach connection (or a TCP client's SyncAttach connection), carrying one
+// synchronous command at a time, read by a thread of its own; the reply to
+// the command waiting there goes back on it (sent without blocking by the
+// session's ReplyWriter), every other reply to the session stream. A
+// request's raw payload (SyncRequest.payload_bytes) is read into its
+// copy_to_device's data before the handler runs; with `raw_payloads`, a
+// reply's data is sent raw after its frame (Completion.payload_bytes).
 //
 // The channel reads frames and routes replies; what a request means (when
 // it may dispatch, what it may be) is the session's Handler.
@@ -20,6 +23,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "flagos/v1/flagos.pb.h"
 #include "transport/reply_writer.h"
@@ -45,7 +49,7 @@ class SyncChannel {
   // until the client closes it, a frame is not a request, or Stop. Takes
   // `fd`: closes it at once when the channel was detached or started
   // already.
-  void Start(int fd, Handler handle);
+  void Start(int fd, Handler handle, bool raw_payloads = false);
   // The client is gone: the channel's reads end and a send the writer has
   // in progress fails (the client may not read). The descriptor stays open
   // until CloseFd.
@@ -56,6 +60,17 @@ class SyncChannel {
   // Closes the descriptor; once no reply can be sent on it (the writer has
   // finished).
   void CloseFd();
+
+  // Whether Start was called with a descriptor it kept.
+  bool started() const {
+    absl::MutexLock lock(&mu_);
+    return fd_ >= 0;
+  }
+
+  // Bytes read from / posted to the channel so far (frames and payloads).
+  uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
 
   // The command whose reply the channel waits for, set by the handler
   // before it dispatches it.
@@ -70,19 +85,25 @@ class SyncChannel {
 
  private:
   void Loop(Handler handle);
+  // Reads `request`'s raw payload into its copy_to_device's data.
+  absl::Status ReadPayload(v1::SyncRequest& request);
 
   const uint64_t session_id_;
   ReplyWriter* const replies_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool detached_ ABSL_GUARDED_BY(mu_) = false;
   // Set once, under mu_, before the thread starts; the thread and Write (for
-  // a command the thread dispatched) read it without the lock.
+  // a command the thread dispatched) read them without the lock.
   int fd_ = -1;
+  bool raw_payloads_ = false;
   std::thread thread_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> seq_{0};
   // Error completions sent on the session stream so far.
   std::atomic<uint64_t> errors_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> requests_{0};
 };
 
 }  // namespace flagos::daemon

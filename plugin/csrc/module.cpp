@@ -68,6 +68,10 @@ py::dict StatsDict(const flagos::v1::GetStatsResponse& stats) {
     session["stream_bytes_sent"] = s.stream_bytes_sent();
     session["staged_bytes"] = s.staged_bytes();
     session["staging_attached"] = s.staging_attached();
+    session["sync_channel_attached"] = s.sync_channel_attached();
+    session["sync_bytes_received"] = s.sync_bytes_received();
+    session["sync_bytes_sent"] = s.sync_bytes_sent();
+    session["sync_requests"] = s.sync_requests();
     session["pinned_bytes"] = s.pinned_bytes();
     session["pinned_registered_bytes"] = s.pinned_registered_bytes();
     session["imported_segments"] = s.imported_segments();

@@ -196,7 +196,7 @@ s = next(s for s in torch_fl._C._daemon_stats("")["sessions"] if s["id"] == sid)
 print(json.dumps({"attached": s["staging_attached"], "sum": x.sum().item()}), flush=True)
 """
 
-ATTACH_DEADLINE_S = 5  # kAttachDeadlineSeconds (daemon/transport/staging_listener.h)
+ATTACH_DEADLINE_S = 5  # kAttachDeadlineSeconds (daemon/transport/attach_frame.h)
 
 
 def test_clients_dripping_into_the_staging_socket_hold_up_no_other_attach(

@@ -1,13 +1,14 @@
 #include "flagos/v1/wire.h"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cerrno>
 
 namespace flagos::v1 {
 namespace {
 
-bool ReadExactly(int fd, char* out, size_t n) {
+bool ReadAll(int fd, char* out, size_t n) {
   while (n > 0) {
     const ssize_t got = recv(fd, out, n, 0);
     if (got < 0 && errno == EINTR) continue;
@@ -63,14 +64,39 @@ bool WriteFrame(int fd, const google::protobuf::MessageLite& message) {
 
 FrameResult ReadFrame(int fd, uint32_t max_bytes, std::string* body) {
   unsigned char header[4];
-  if (!ReadExactly(fd, reinterpret_cast<char*>(header), 4)) return FrameResult::kClosed;
+  if (!ReadAll(fd, reinterpret_cast<char*>(header), 4)) return FrameResult::kClosed;
   const uint32_t length = static_cast<uint32_t>(header[0]) | static_cast<uint32_t>(header[1]) << 8 |
                           static_cast<uint32_t>(header[2]) << 16 |
                           static_cast<uint32_t>(header[3]) << 24;
   if (length > max_bytes) return FrameResult::kTooLarge;
   body->resize(length);
-  if (!ReadExactly(fd, body->data(), length)) return FrameResult::kClosed;
+  if (!ReadAll(fd, body->data(), length)) return FrameResult::kClosed;
   return FrameResult::kOk;
+}
+
+bool ReadBytes(int fd, char* out, size_t n) { return ReadAll(fd, out, n); }
+
+bool WriteFrameAndPayload(int fd, const std::string& frame, const char* payload, size_t n) {
+  iovec parts[2] = {{const_cast<char*>(frame.data()), frame.size()},
+                    {const_cast<char*>(payload), n}};
+  int first = 0;
+  while (first < 2) {
+    msghdr message{};
+    message.msg_iov = parts + first;
+    message.msg_iovlen = static_cast<size_t>(2 - first);
+    ssize_t sent = sendmsg(fd, &message, MSG_NOSIGNAL);
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent <= 0) return false;
+    while (first < 2 && static_cast<size_t>(sent) >= parts[first].iov_len) {
+      sent -= static_cast<ssize_t>(parts[first].iov_len);
+      ++first;
+    }
+    if (first < 2) {
+      parts[first].iov_base = static_cast<char*>(parts[first].iov_base) + sent;
+      parts[first].iov_len -= static_cast<size_t>(sent);
+    }
+  }
+  return true;
 }
 
 }  // namespace flagos::v1

@@ -4,7 +4,8 @@
 //   - which commands owe a reply even when they succeed (flagos.proto,
 //     Completion);
 //   - the length-prefixed frames of the staging socket and the sync channel
-//     (a 4-byte little-endian length, then the serialized message).
+//     (a 4-byte little-endian length, then the serialized message), and the
+//     raw payloads that may follow a sync-channel frame.
 #ifndef FLAGOS_PROTO_FLAGOS_V1_WIRE_H_
 #define FLAGOS_PROTO_FLAGOS_V1_WIRE_H_
 
@@ -32,6 +33,15 @@ enum class FrameResult { kOk, kClosed, kTooLarge };
 // when the peer closed the socket (or it was shut down) first, kTooLarge
 // when the frame claims more than `max_bytes`.
 FrameResult ReadFrame(int fd, uint32_t max_bytes, std::string* body);
+
+// Reads exactly `n` bytes (a raw payload after a frame: SyncRequest and
+// Completion's payload_bytes) from the stream socket `fd`; false when the
+// peer closed it first.
+bool ReadBytes(int fd, char* out, size_t n);
+
+// Writes `frame` and then `payload` on the stream socket `fd` (blocking);
+// false when the peer is gone.
+bool WriteFrameAndPayload(int fd, const std::string& frame, const char* payload, size_t n);
 
 }  // namespace flagos::v1
 

@@ -1,5 +1,7 @@
-#include "transport/unix_acceptor.h"
+#include "transport/socket_acceptor.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -23,9 +25,8 @@ absl::Status Errno(absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UnixAcceptor>> UnixAcceptor::Start(const ListenEndpoint& endpoint,
-                                                                  std::string name,
-                                                                  OnAccept on_accept) {
+absl::StatusOr<std::unique_ptr<SocketAcceptor>> SocketAcceptor::StartUnix(
+    const ListenEndpoint& endpoint, std::string name, OnAccept on_accept) {
   const std::string& path = endpoint.unix_path;
   if (absl::Status s = PrepareUnixSocket(endpoint); !s.ok()) return s;
   sockaddr_un address{};
@@ -53,30 +54,75 @@ absl::StatusOr<std::unique_ptr<UnixAcceptor>> UnixAcceptor::Start(const ListenEn
     unlink(path.c_str());
     return s;
   }
+  absl::StatusOr<std::unique_ptr<SocketAcceptor>> acceptor =
+      Serve(path, std::move(name), fd, std::move(on_accept));
+  if (!acceptor.ok()) unlink(path.c_str());
+  return acceptor;
+}
+
+absl::StatusOr<std::unique_ptr<SocketAcceptor>> SocketAcceptor::StartTcp(const std::string& host,
+                                                                         std::string name,
+                                                                         OnAccept on_accept) {
+  std::string numeric = host;
+  if (numeric.size() >= 2 && numeric.front() == '[' && numeric.back() == ']') {
+    numeric = numeric.substr(1, numeric.size() - 2);
+  }
+  sockaddr_storage address{};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
+  if (inet_pton(AF_INET, numeric.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    length = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, numeric.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    length = sizeof(*v6);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", name, " needs a numeric address to listen on, not '", host, "'"));
+  }
+  const int fd = socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno(absl::StrCat("cannot create the ", name, " socket"));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      listen(fd, SOMAXCONN) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    absl::Status s = Errno(absl::StrCat("cannot listen on ", host, " (", name, ")"));
+    close(fd);
+    return s;
+  }
+  const int port = ntohs(address.ss_family == AF_INET ? v4->sin_port : v6->sin6_port);
+  absl::StatusOr<std::unique_ptr<SocketAcceptor>> acceptor =
+      Serve(std::string(), std::move(name), fd, std::move(on_accept));
+  if (acceptor.ok()) (*acceptor)->port_ = port;
+  return acceptor;
+}
+
+absl::StatusOr<std::unique_ptr<SocketAcceptor>> SocketAcceptor::Serve(std::string path,
+                                                                      std::string name, int fd,
+                                                                      OnAccept on_accept) {
   const int wake = eventfd(0, EFD_CLOEXEC);
   if (wake < 0) {
     absl::Status s = Errno(absl::StrCat("cannot create an eventfd for the ", name));
     close(fd);
-    unlink(path.c_str());
     return s;
   }
-  std::unique_ptr<UnixAcceptor> acceptor(
-      new UnixAcceptor(path, std::move(name), fd, wake, std::move(on_accept)));
-  acceptor->thread_ = std::thread(&UnixAcceptor::Run, acceptor.get());
+  std::unique_ptr<SocketAcceptor> acceptor(
+      new SocketAcceptor(std::move(path), std::move(name), fd, wake, std::move(on_accept)));
+  acceptor->thread_ = std::thread(&SocketAcceptor::Run, acceptor.get());
   return acceptor;
 }
 
-UnixAcceptor::UnixAcceptor(std::string path, std::string name, int listen_fd, int wake_fd,
-                           OnAccept on_accept)
+SocketAcceptor::SocketAcceptor(std::string path, std::string name, int listen_fd, int wake_fd,
+                               OnAccept on_accept)
     : path_(std::move(path)),
       name_(std::move(name)),
       listen_fd_(listen_fd),
       wake_fd_(wake_fd),
       on_accept_(std::move(on_accept)) {}
 
-UnixAcceptor::~UnixAcceptor() { Stop(); }
+SocketAcceptor::~SocketAcceptor() { Stop(); }
 
-void UnixAcceptor::Stop() {
+void SocketAcceptor::Stop() {
   if (stopped_) return;
   stopped_ = true;
   const uint64_t one = 1;
@@ -84,10 +130,10 @@ void UnixAcceptor::Stop() {
   if (thread_.joinable()) thread_.join();
   close(listen_fd_);
   close(wake_fd_);
-  unlink(path_.c_str());
+  if (!path_.empty()) unlink(path_.c_str());
 }
 
-void UnixAcceptor::Run() {
+void SocketAcceptor::Run() {
   while (true) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
