@@ -182,11 +182,9 @@ bool Session::HandleSyncRequest(v1::SyncRequest& request) {
   };
   dispatch_mu_.Await(absl::Condition(&caught_up));
   if (sync_closing_) return false;
-  if (seq != 0 && command.kind_case() == v1::Command::kCopyToDevice &&
-      !command.copy_to_device().has_staged() && !command.copy_to_device().has_pinned()) {
-    // Bytes sent on the channel (a TCP client's upload): queued in order
-    // and acknowledged at once; the copy's own failure is asynchronous.
+  const auto dispatch_owned = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_) {
     try {
+      // Queued, the command outlives the request (the channel's next read).
       auto owned = std::make_shared<v1::Command>(std::move(command));
       Dispatch(*owned, owned, /*ordered=*/false);
     } catch (const std::exception& e) {
@@ -194,6 +192,12 @@ bool Session::HandleSyncRequest(v1::SyncRequest& request) {
                  absl::InternalError(absl::StrCat("flagosd failed to handle the command: ",
                                                   e.what())));
     }
+  };
+  if (seq != 0 && command.kind_case() == v1::Command::kCopyToDevice &&
+      !command.copy_to_device().has_staged() && !command.copy_to_device().has_pinned()) {
+    // Bytes sent on the channel (a TCP client's upload): queued in order
+    // and acknowledged at once; the copy's own failure is asynchronous.
+    dispatch_owned();
     sync_.Write(Done(seq));
     return true;
   }
@@ -209,15 +213,7 @@ bool Session::HandleSyncRequest(v1::SyncRequest& request) {
     return true;
   }
   sync_.Expect(seq);
-  try {
-    // Queued, the command outlives the request (the channel's next read).
-    auto owned = std::make_shared<v1::Command>(std::move(command));
-    Dispatch(*owned, owned, /*ordered=*/false);
-  } catch (const std::exception& e) {
-    ReplyError(seq, "sync channel",
-               absl::InternalError(absl::StrCat("flagosd failed to handle the command: ",
-                                                e.what())));
-  }
+  dispatch_owned();
   return true;
 }
 
