@@ -128,10 +128,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   // Plaintext TCP (--insecure-tcp, loopback only) gets a sync listener on
   // the same address; TLS sessions keep synchronous commands on their
-  // encrypted stream.
+  // encrypted stream. A recording daemon (--record-client-messages) offers
+  // none: the recorder sees the session stream only, and its TCP files
+  // replay whole only when every command travelled there.
   for (const ListenEndpoint& endpoint : server->listen_) {
     if (!endpoint.unix_path.empty() || !endpoint.loopback || options.remote_access.tls() ||
-        !options.remote_access.insecure_tcp) {
+        !options.remote_access.insecure_tcp || !options.record_client_messages_dir.empty()) {
       continue;
     }
     const std::string host = endpoint.uri.substr(0, endpoint.uri.rfind(':'));
