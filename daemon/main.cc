@@ -97,6 +97,14 @@ ABSL_FLAG(std::string, backend, "auto",
           "kunlunxin when libxpurt loads and reports devices, else cpu; on a node with P800 "
           "device nodes (/dev/xpu*) whose runtime does not load, auto fails naming the library "
           "and the variable to set (it never emulates there: say --backend=cpu for that).");
+ABSL_FLAG(std::string, ops_conf, "",
+          "The operator routes to use instead of those built in (backends/<name>/ops.conf): a "
+          "node's route file, as scripts/kunlunxin-calibrate writes it. Default for kunlunxin: "
+          "/etc/flagos/kunlunxin-ops.conf when it exists, else the built-in file.");
+ABSL_FLAG(std::string, xdnn_module, "",
+          "kunlunxin: the xdnn binding module (libflagos_kunlunxin_xdnn.so) to load. Default: "
+          "$FLAGOS_KUNLUNXIN_XDNN_MODULE, else <flagosd's directory>/../lib/flagos/. Without "
+          "one every kunlunxin operator takes cpu_fallback.");
 ABSL_FLAG(std::string, op_route, "",
           "Route every operator this way instead of by the backend's ops.conf: native or "
           "cpu_fallback. For testing: --backend=cpu --op-route=cpu_fallback runs the "
@@ -274,6 +282,8 @@ int Run(int argc, char** argv) {
   BackendOptions backend_options;
   backend_options.name = absl::GetFlag(FLAGS_backend);
   backend_options.force_route = absl::GetFlag(FLAGS_op_route);
+  backend_options.ops_conf = absl::GetFlag(FLAGS_ops_conf);
+  backend_options.xdnn_module = absl::GetFlag(FLAGS_xdnn_module);
   backend_options.decompose_ops = absl::GetFlag(FLAGS_decompose_ops);
   backend_options.cpu_devices = absl::GetFlag(FLAGS_cpu_devices);
   backend_options.device_memory = absl::GetFlag(FLAGS_device_memory).bytes;

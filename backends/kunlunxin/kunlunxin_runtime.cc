@@ -55,7 +55,7 @@ struct MemorySource {
   std::string note;                  // why libxpuml is not used, when it is not
 };
 
-class KunlunxinRuntime final : public DeviceRuntime {
+class KunlunxinRuntime final : public DeviceRuntime, public KunlunxinStreams {
  public:
   KunlunxinRuntime(std::unique_ptr<XpurtLibrary> library, uint64_t memset_chunk_bytes,
                    std::vector<std::unique_ptr<XpuDevice>> devices, MemorySource memory)
@@ -607,6 +607,18 @@ class KunlunxinRuntime final : public DeviceRuntime {
     return devices_[device].get();
   }
 
+  absl::Status IssueOnStream(int device, StreamHandle stream,
+                             absl::FunctionRef<absl::Status(void* xpu_stream)> issue) override {
+    absl::StatusOr<XpuDevice*> d = Device(device);
+    if (!d.ok()) return d.status();
+    absl::StatusOr<std::shared_ptr<XpuStream>> s = (*d)->FindStream(stream);
+    if (!s.ok()) return s.status();
+    if (absl::Status r = Use(device); !r.ok()) return r;
+    absl::Status issued = issue((*s)->handle);
+    if (issued.ok()) (*s)->MarkIssued();
+    return issued;
+  }
+
   // Makes `device` the vendor's current device on this thread.
   absl::Status Use(int device) const {
     CurrentDevice& current = t_current_device;
@@ -811,6 +823,14 @@ absl::StatusOr<std::unique_ptr<DeviceRuntime>> CreateKunlunxinRuntime(
   MemorySource memory = ChooseMemorySource(**library, count);
   return std::unique_ptr<DeviceRuntime>(new KunlunxinRuntime(
       *std::move(library), params.memset_chunk_bytes, std::move(devices), std::move(memory)));
+}
+
+}  // namespace flagos
+
+namespace flagos {
+
+KunlunxinStreams* AsKunlunxinStreams(DeviceRuntime& runtime) {
+  return dynamic_cast<KunlunxinStreams*>(&runtime);
 }
 
 }  // namespace flagos

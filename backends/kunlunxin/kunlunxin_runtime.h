@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "flagos/runtime.h"
@@ -47,6 +48,24 @@ struct KunlunxinRuntimeParams {
   static constexpr uint64_t kMinMemsetChunkBytes = 4096;
   static constexpr uint64_t kMaxMemsetChunkBytes = 256ull << 20;
 };
+
+// What the kunlunxin runtime offers an op library that issues its own work
+// (the xdnn binding, xdnn_op_executor.h) on flagosd's streams.
+class KunlunxinStreams {
+ public:
+  virtual ~KunlunxinStreams() = default;
+  // Makes `device` the vendor's current device on this thread and calls
+  // `issue` with the vendor's XPUStream of `stream` (nullptr for the
+  // device's NULL stream). When `issue` returns OK the stream counts the
+  // work as issued (its next query asks the device). NOT_FOUND for an
+  // unknown stream, INVALID_ARGUMENT for an unknown device.
+  // REQUIRES: calls issuing to one stream are serialised (runtime.h).
+  virtual absl::Status IssueOnStream(int device, StreamHandle stream,
+                                     absl::FunctionRef<absl::Status(void* xpu_stream)> issue) = 0;
+};
+
+// The runtime's KunlunxinStreams; nullptr for a runtime of another backend.
+KunlunxinStreams* AsKunlunxinStreams(DeviceRuntime& runtime);
 
 // Loads libxpurt and opens every device it reports (at most 64). Fails with
 // Validate()'s status, the loader's FAILED_PRECONDITION (library or

@@ -1,6 +1,10 @@
 #include "execution/backend.h"
 
 #include <glob.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
 #include <torch/headeronly/version.h>
 
 #include <string>
@@ -16,6 +20,8 @@
 #include "flagos/op_executor.h"
 #include "kunlunxin_runtime.h"
 #include "logging.h"
+#include "xdnn_module_loader.h"
+#include "xdnn_op_executor.h"
 
 namespace flagos::daemon {
 namespace {
@@ -32,10 +38,35 @@ std::vector<std::string> XpuDeviceNodes(const std::string& pattern) {
   return nodes;
 }
 
-absl::StatusOr<OpRoutes> RoutesFor(absl::string_view backend, const BackendOptions& options) {
+bool FileExists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+// The routes of `backend` and where they came from.
+absl::StatusOr<OpRoutes> RoutesFor(absl::string_view backend, const BackendOptions& options,
+                                   std::string* origin) {
   if (!options.force_route.empty()) {
+    *origin = absl::StrCat("--op-route=", options.force_route);
     return OpRoutes::Parse(absl::StrCat("default = ", options.force_route, "\n"), "--op-route");
   }
+  std::string file = options.ops_conf;
+  if (file.empty() && backend == kKunlunxinBackendName && FileExists(kInstalledKunlunxinOpsConf)) {
+    file = kInstalledKunlunxinOpsConf;
+  }
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--ops-conf: cannot read ", file, " (write it with scripts/kunlunxin-calibrate --out ",
+          file, ", or leave --ops-conf out to use the routes built into flagosd)"));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    *origin = file;
+    return OpRoutes::Parse(text.str(), file);
+  }
+  *origin = absl::StrCat("backends/", backend, "/ops.conf (built in)");
   return OpRoutes::Parse(EmbeddedOpsConf(backend), absl::StrCat("backends/", backend, "/ops.conf"));
 }
 
@@ -103,32 +134,72 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown backend '", options.name, "': choose auto, cpu, cuda or kunlunxin"));
   }
-  absl::StatusOr<OpRoutes> routes = RoutesFor(name, options);
+  std::string routes_origin;
+  absl::StatusOr<OpRoutes> routes = RoutesFor(name, options, &routes_origin);
   if (!routes.ok()) return routes.status();
-  // Only the cpu backend has kernels of its own today (ATen's CPU kernels
-  // over host-addressable memory); the kunlunxin backend's xdnn kernels are
-  // a later step, so every operator there takes cpu_fallback.
+  std::unique_ptr<OpExecutor> host = CreateCpuOpExecutor();
+  // The native route: ATen's CPU kernels over the cpu backend's host
+  // memory; on kunlunxin, xdnn_pytorch through the binding module when it
+  // loads. Without it every kunlunxin operator takes cpu_fallback (one log
+  // line says why; /metrics shows flagosd_native_route_available 0).
   std::unique_ptr<OpExecutor> native;
-  if (name == kCpuBackendName) native = CreateCpuOpExecutor();
+  std::string native_description;
+  std::string native_absent_why;
+  if (name == kCpuBackendName) {
+    native = CreateCpuOpExecutor();
+    native_description = "ATen CPU";
+  } else if (name == kKunlunxinBackendName) {
+    absl::StatusOr<XdnnModule> module = LoadXdnnModule(options.xdnn_module);
+    if (module.ok()) {
+      native_description = absl::StrCat("xdnn_pytorch through ", module->path, " (",
+                                        module->module->built_against, ", ",
+                                        module->module->nops, " overloads bound)");
+      native = CreateXdnnOpExecutor(*runtime, *std::move(module), host->kernel_facts());
+    } else {
+      native_absent_why = std::string(module.status().message());
+    }
+    const bool wants_native =
+        routes->native_count() > 0 || routes->default_route() == OpRoute::kNative;
+    if (native == nullptr) {
+      LogWarning(absl::StrCat("kunlunxin: the native (xdnn) route is absent, so every operator "
+                              "takes cpu_fallback",
+                              wants_native ? absl::StrCat(" although ", routes_origin,
+                                                          " routes some native")
+                                           : std::string(),
+                              ": ", native_absent_why));
+      if (wants_native) {
+        absl::StatusOr<OpRoutes> fallback =
+            OpRoutes::Parse("default = cpu_fallback\n", "no native route");
+        if (!fallback.ok()) return fallback.status();
+        routes = *std::move(fallback);
+      }
+    } else {
+      LogInfo(absl::StrCat("kunlunxin: native route: ", native_description, "; ",
+                           routes->native_count(), " overloads routed native by ",
+                           routes_origin));
+    }
+  }
   if (native == nullptr && (routes->native_count() > 0 ||
                             routes->default_route() == OpRoute::kNative)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "backends/", name, "/ops.conf routes operators native but the ", name,
+        routes_origin, " routes operators native but the ", name,
         " backend has no native kernels in this flagosd; route them cpu_fallback"));
   }
-  std::unique_ptr<OpExecutor> host = CreateCpuOpExecutor();
-  // The facts and composite operators of the kernels each route runs: the
-  // cpu backend's native kernels are ATen CPU's, like the cpu_fallback
-  // route's that every kunlunxin operator takes today.
+  // The facts and composite operators of the kernels each route runs
+  // (xdnn's facts are ATen CPU's: xdnn_op_executor.h says why).
   std::vector<KernelFact> facts =
       RouteKernelFacts(*routes, native == nullptr ? nullptr : &native->kernel_facts(),
                        host->kernel_facts(), &OverloadsOf);
   absl::StatusOr<std::vector<std::string>> composite_ops =
       CompositeOpsRunWhole(*routes, native.get(), *host, options.decompose_ops);
   if (!composite_ops.ok()) return composite_ops.status();
-  return std::unique_ptr<Backend>(new Backend(name, std::move(runtime), std::move(native),
-                                              std::move(host), *std::move(routes),
-                                              std::move(facts), *std::move(composite_ops)));
+  auto backend = std::unique_ptr<Backend>(
+      new Backend(name, std::move(runtime), std::move(native), std::move(host),
+                  *std::move(routes), std::move(facts), *std::move(composite_ops)));
+  backend->routes_origin_ = std::move(routes_origin);
+  backend->native_description_ = std::move(native_description);
+  backend->native_absent_why_ = std::move(native_absent_why);
+  return backend;
 }
 
 std::string TorchVersion() { return TORCH_VERSION; }

@@ -44,7 +44,19 @@ struct BackendOptions {
   // flagosd --decompose-ops): left out of composite_ops(), so clients
   // decompose them (execution/composite_ops.h).
   std::vector<std::string> decompose_ops;
+  // The operator routes to use instead of the embedded ops.conf (flagosd
+  // --ops-conf; a node's calibrated route file). Empty: for kunlunxin the
+  // installed kInstalledKunlunxinOpsConf when it exists, else the embedded
+  // file.
+  std::string ops_conf;
+  // kunlunxin: the xdnn binding module to load (flagosd --xdnn-module);
+  // empty: FLAGOS_KUNLUNXIN_XDNN_MODULE, else beside flagosd
+  // (backends/kunlunxin/xdnn_module_loader.h).
+  std::string xdnn_module;
 };
+
+// Where scripts/kunlunxin-calibrate's route file is installed on a node.
+inline constexpr char kInstalledKunlunxinOpsConf[] = "/etc/flagos/kunlunxin-ops.conf";
 
 class Backend {
  public:
@@ -79,6 +91,14 @@ class Backend {
   // The composite operators it runs as one call, sorted (composite_ops.h).
   // Sent to clients at the handshake; they decompose every other one.
   const std::vector<std::string>& composite_ops() const { return composite_ops_; }
+  // Where the routes came from ("backends/kunlunxin/ops.conf (embedded)", a
+  // file's path).
+  const std::string& routes_origin() const { return routes_origin_; }
+  // What runs the native route ("ATen CPU", "xdnn_pytorch through
+  // <module>"), or "" when the backend has none; then native_absent_why()
+  // says why (every operator takes cpu_fallback).
+  const std::string& native_description() const { return native_description_; }
+  const std::string& native_absent_why() const { return native_absent_why_; }
 
  private:
   Backend(std::string name, std::unique_ptr<DeviceRuntime> runtime,
@@ -92,6 +112,9 @@ class Backend {
   const OpRoutes routes_;
   const std::vector<KernelFact> kernel_facts_;
   const std::vector<std::string> composite_ops_;
+  std::string routes_origin_;
+  std::string native_description_;
+  std::string native_absent_why_;
 };
 
 // The version of the torch flagosd was built against ("2.13.0").

@@ -41,6 +41,13 @@ void DeviceMetrics::CountCopy(CopyDirection direction, uint64_t bytes) {
   copy_bytes_[static_cast<int>(direction)]->Increment(static_cast<double>(bytes));
 }
 
+void DeviceMetrics::CountCpuFallbackBytes(uint64_t to_host, uint64_t to_device) {
+  if (to_device > 0) fallback_bytes_[0]->Increment(static_cast<double>(to_device));
+  if (to_host > 0) fallback_bytes_[1]->Increment(static_cast<double>(to_host));
+}
+
+void DeviceMetrics::CountNativeDeclined() { native_declined_->Increment(); }
+
 void DeviceMetrics::CountAllocation(uint64_t bytes) {
   allocations_->Increment();
   allocated_bytes_->Increment(static_cast<double>(bytes));
@@ -69,6 +76,19 @@ Metrics::Metrics(int devices) : registry_(std::make_shared<prometheus::Registry>
                          .Name("flagosd_copy_bytes_total")
                          .Help("Bytes copied by client copy commands, by device and direction.")
                          .Register(r);
+  auto& fallback_bytes =
+      prometheus::BuildCounter()
+          .Name("flagosd_cpu_fallback_bytes_total")
+          .Help("Bytes the cpu_fallback route copied between a device and the host (operands "
+                "to the host, results back), by device and direction.")
+          .Register(r);
+  auto& native_declined =
+      prometheus::BuildCounter()
+          .Name("flagosd_native_declined_total")
+          .Help("Operator calls routed native that the backend's kernels declined (the vendor "
+                "library's NOT_IMPLEMENT, a dtype or argument it does not take) and that ran on "
+                "cpu_fallback instead, by device.")
+          .Register(r);
   auto& allocations = prometheus::BuildCounter()
                           .Name("flagosd_segment_allocations_total")
                           .Help("Segments allocated for sessions, by device.")
@@ -92,6 +112,11 @@ Metrics::Metrics(int devices) : registry_(std::make_shared<prometheus::Registry>
     m->copy_bytes_[0] = &copy_bytes.Add({{"device", index}, {"direction", "host_to_device"}});
     m->copy_bytes_[1] = &copy_bytes.Add({{"device", index}, {"direction", "device_to_host"}});
     m->copy_bytes_[2] = &copy_bytes.Add({{"device", index}, {"direction", "device_to_device"}});
+    m->fallback_bytes_[0] =
+        &fallback_bytes.Add({{"device", index}, {"direction", "host_to_device"}});
+    m->fallback_bytes_[1] =
+        &fallback_bytes.Add({{"device", index}, {"direction", "device_to_host"}});
+    m->native_declined_ = &native_declined.Add({{"device", index}});
     m->allocations_ = &allocations.Add({{"device", index}});
     m->allocated_bytes_ = &allocated_bytes.Add({{"device", index}});
     m->out_of_memory_ = &out_of_memory.Add({{"device", index}});

@@ -40,6 +40,10 @@ class DeviceMetrics {
   // asynchronous device: to issue) and failed unless `ok`.
   void CountOp(OpRoute route, double seconds, bool ok);
   void CountCopy(CopyDirection direction, uint64_t bytes);
+  // Bytes the cpu_fallback route copied for one op call, each way.
+  void CountCpuFallbackBytes(uint64_t to_host, uint64_t to_device);
+  // A call the native kernels declined, run again on cpu_fallback.
+  void CountNativeDeclined();
   void CountAllocation(uint64_t bytes);
   void CountOutOfMemory();
 
@@ -49,6 +53,8 @@ class DeviceMetrics {
   prometheus::Counter* op_errors_ = nullptr;
   prometheus::Histogram* op_duration_ = nullptr;
   prometheus::Counter* copy_bytes_[3] = {};
+  prometheus::Counter* fallback_bytes_[2] = {};
+  prometheus::Counter* native_declined_ = nullptr;
   prometheus::Counter* allocations_ = nullptr;
   prometheus::Counter* allocated_bytes_ = nullptr;
   prometheus::Counter* out_of_memory_ = nullptr;

@@ -97,6 +97,13 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
         {{"version", kDaemonVersion}, {"backend", backend_.name()},
          {"torch_version", TorchVersion()}});
     out.push_back(std::move(build));
+    MetricFamily native = Family(
+        "flagosd_native_route_available",
+        "1 when the backend has native kernels (the cpu backend's ATen CPU, kunlunxin's "
+        "xdnn_pytorch binding module); 0 when every operator takes cpu_fallback.",
+        MetricType::Gauge);
+    Add(native, backend_.native_description().empty() ? 0 : 1, {{"backend", backend_.name()}});
+    out.push_back(std::move(native));
     MetricFamily start = Family("flagosd_start_time_seconds",
                                 "When this flagosd started, in seconds since the epoch.",
                                 MetricType::Gauge);

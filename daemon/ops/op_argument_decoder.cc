@@ -1,6 +1,8 @@
 // Decodes an OpCall's arguments by the op's schema (op_argument_decoder.h).
 #include "ops/op_argument_decoder.h"
 
+#include "flagos/op_executor.h"
+
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -168,9 +170,10 @@ class ArgumentDecoder {
       case TypeKind::GeneratorType: {
         if (!value.has_generator()) return mismatch();
         if (context_.KernelDevice(context_.device()).type() != c10::kCPU) {
-          return absl::UnimplementedError(absl::StrCat(
-              op_name_, ": ", where.str(), ": random generators are not implemented for the ",
-              context_.backend().name(), " backend"));
+          // The cpu_fallback route draws it (op_generators.h).
+          return DeclinedError(absl::StrCat(
+              op_name_, ": ", where.str(), ": the ", context_.backend().name(),
+              " backend's native kernels take no generator"));
         }
         const v1::GeneratorValue& g = value.generator();
         return c10::IValue(SeededCpuGenerator(g));

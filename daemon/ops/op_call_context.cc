@@ -41,6 +41,13 @@ absl::Status OpCallContext::CallKernel(const c10::OperatorHandle& op, torch::jit
   return status;
 }
 
+absl::Status OpCallContext::CallKernelInto(const c10::OperatorHandle& op,
+                                           torch::jit::Stack* stack,
+                                           const std::vector<at::Tensor>& outputs) {
+  if (mirror_ != nullptr) return absl::InternalError("CallKernelInto on the cpu_fallback route");
+  return backend_.native_executor()->CallInto(device_, stream_, op, stack, outputs);
+}
+
 absl::Status OpCallContext::MirrorValue(const v1::Value& value, bool out_argument,
                                         const ValueWhere& where) {
   if (value.has_tensor()) return MirrorRef(value.tensor(), out_argument, where);
@@ -113,6 +120,9 @@ absl::StatusOr<at::Tensor> OpCallContext::WrapTensor(const v1::TensorRef& ref,
         if (writing_) mirror_->MarkWritten(extent->begin, extent->nbytes);
       }
     } else {
+      if ((ref.conj() || ref.neg()) && !backend_.native_executor()->host_addressable()) {
+        return DeclinedError("a conjugate or negative-view operand");
+      }
       // An empty tensor is wrapped over no memory (address 0), never the
       // address the client sent: its range is not checked (it spans no
       // bytes), so a kernel that touches data_ptr() of an empty tensor

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -74,6 +75,10 @@ class OpCallContext {
   // allocate on this thread to a budget of --max-op-host-memory
   // (RESOURCE_EXHAUSTED naming the op, what it asked and the flag beyond).
   absl::Status CallKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  // Runs functional `op` on the native route's kernels with its results
+  // written into `outputs` (OpExecutor::CallInto).
+  absl::Status CallKernelInto(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                              const std::vector<at::Tensor>& outputs);
 
   // cpu_fallback: adds the device memory `value` names (tensors, lists of
   // them) to the mirror, after checking its range. `out_argument`: an out=

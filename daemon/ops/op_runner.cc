@@ -21,12 +21,14 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "execution/backend.h"
+#include "flagos/op_executor.h"
 #include "logging.h"
 #include "ops/held_results.h"
 #include "ops/host_mirror.h"
@@ -78,6 +80,8 @@ struct RegisteredOp {
   // which memory over a segment cannot do).
   std::optional<c10::OperatorHandle> out_variant;
   mutable std::atomic<bool> out_variant_works{true};
+  // Set once the native kernels declined a call (logged once per op).
+  mutable std::atomic<bool> declined_logged{false};
 };
 
 class OpRunnerImpl final : public OpRunner {
@@ -122,7 +126,13 @@ class OpRunnerImpl final : public OpRunner {
     absl::StatusOr<BoundArgumentRules> rules = BindArgumentRules(handle->schema());
     if (!rules.ok()) return rules.status();
     std::string registered_name = OperatorFullName(handle->operator_name());
-    const OpRoute route = backend_.routes().RouteOf(registered_name);
+    OpRoute route = backend_.routes().RouteOf(registered_name);
+    // Native kernels over device memory run only what they bind.
+    if (const OpExecutor* native = backend_.native_executor();
+        route == OpRoute::kNative && native != nullptr && !native->host_addressable() &&
+        !native->HasKernel(*handle)) {
+      route = OpRoute::kCpuFallback;
+    }
     auto registered = std::make_unique<RegisteredOp>(*handle, std::move(registered_name), route,
                                                      *std::move(rules));
     absl::MutexLock lock(&mu_);
@@ -187,9 +197,25 @@ class OpRunnerImpl final : public OpRunner {
   }
 
   absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call, RangeCheck check,
-                   v1::Completion* completion) override {
+                   v1::Completion* completion, OpRunStats* stats) override {
+    OpRunStats ignored;
+    if (stats == nullptr) stats = &ignored;
     try {
-      return RunUnguarded(device, stream, call, check, completion);
+      absl::Status s = RunUnguarded(device, stream, call, check, completion, stats,
+                                    /*force_fallback=*/false);
+      if (IsDeclined(s)) {
+        // Nothing was issued: the same call on the cpu_fallback route.
+        if (const RegisteredOp* op = Find(call.op_id());
+            op != nullptr && !op->declined_logged.exchange(true, std::memory_order_relaxed)) {
+          LogInfo(absl::StrCat(backend_.name(), ": the native kernels declined ", op->name,
+                               " (", s.message(), "); it ran on cpu_fallback, and so do later "
+                               "calls they decline (flagosd_native_declined_total counts them)"));
+        }
+        completion->clear_values();
+        stats->declined = true;
+        s = RunUnguarded(device, stream, call, check, completion, stats, /*force_fallback=*/true);
+      }
+      return s;
     } catch (const c10::Error& e) {
       return absl::InvalidArgumentError(absl::StrCat("op id ", call.op_id(), ": ",
                                                      e.what_without_backtrace()));
@@ -217,7 +243,8 @@ class OpRunnerImpl final : public OpRunner {
   }
 
   absl::Status RunUnguarded(int device, StreamHandle stream, const v1::OpCall& call,
-                            RangeCheck check, v1::Completion* completion) {
+                            RangeCheck check, v1::Completion* completion, OpRunStats* stats,
+                            bool force_fallback) {
     const RegisteredOp* registered = Find(call.op_id());
     if (registered == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("op id ", call.op_id(),
@@ -242,12 +269,26 @@ class OpRunnerImpl final : public OpRunner {
     if (!registered->rules.empty()) {
       if (absl::Status s = registered->rules.Check(call, op_name); !s.ok()) return s;
     }
+    // The route: native kernels over memory the host cannot address
+    // cannot hand results back by value.
+    const OpExecutor* native = backend_.native_executor();
+    const bool device_memory = native != nullptr && !native->host_addressable();
+    OpRoute route = force_fallback ? OpRoute::kCpuFallback : registered->route;
+    if (route == OpRoute::kNative && device_memory && call.want_values()) {
+      route = OpRoute::kCpuFallback;
+    }
+    stats->route = route;
     // cpu_fallback: the device memory the call names is copied to the host
     // first (and written back at the end).
     std::optional<HostMirror> mirror;
-    if (registered->route == OpRoute::kCpuFallback) {
+    if (route == OpRoute::kCpuFallback) {
       mirror.emplace(backend_.runtime(), device, stream);
     }
+    absl::Cleanup count_bytes = [&] {
+      if (!mirror.has_value()) return;
+      stats->fallback_bytes_to_host += mirror->bytes_fetched();
+      stats->fallback_bytes_to_device += mirror->bytes_written_back();
+    };
     OpCallContext context(backend_, device, stream, op_name, check,
                         mirror.has_value() ? &*mirror : nullptr, limits_.max_host_memory_bytes);
     if (call.want_values() && call.hold_results()) context.set_held_results(&held_);
@@ -278,6 +319,7 @@ class OpRunnerImpl final : public OpRunner {
     // every return runs as its out= overload, straight into those outputs.
     const bool into_outputs =
         registered->out_variant.has_value() &&
+        (!device_memory || mirror.has_value() || native->HasKernel(*registered->out_variant)) &&
         registered->out_variant_works.load(std::memory_order_relaxed) && !call.want_values() &&
         call.outputs_size() == static_cast<int>(schema.returns().size()) &&
         std::none_of(call.outputs().begin(), call.outputs().end(), [](const v1::TensorRef& ref) {
@@ -305,6 +347,9 @@ class OpRunnerImpl final : public OpRunner {
         s = CallOp(context, *registered->out_variant, call, &stack);
         if (s.ok() && OutputsIntact(call, made)) return WriteBack(op_name, mirror);
       }
+      // Kernels over device memory: a refusal reruns on cpu_fallback, an
+      // error is the call's (the functional op cannot do better there).
+      if (device_memory && !mirror.has_value()) return s.ok() ? OutputsMoved(op_name) : s;
       // The functional op below says what is wrong, or does what the out=
       // kernel could not (then the out= overload is not tried again).
       stack.clear();
@@ -312,12 +357,35 @@ class OpRunnerImpl final : public OpRunner {
     if (absl::Status s = DecodeArguments(context, arguments, call, &stack); !s.ok()) {
       return s;
     }
+    // Kernels over device memory write a functional op's results straight
+    // into the client's outputs (they have no memory of their own to
+    // return them in).
+    if (device_memory && !mirror.has_value() && !call.want_values() &&
+        call.outputs_size() > 0 && !registered->has_out_arguments &&
+        std::none_of(schema.returns().begin(), schema.returns().end(),
+                     [](const c10::Argument& r) { return r.alias_info() != nullptr; })) {
+      std::vector<at::Tensor> outputs;
+      context.set_writing(true);
+      for (int i = 0; i < call.outputs_size(); ++i) {
+        if (call.outputs(i).undefined() || call.outputs(i).conj() || call.outputs(i).neg()) {
+          return DeclinedError("an undefined, conjugate or negative-view output");
+        }
+        absl::StatusOr<at::Tensor> out = context.WrapTensor(call.outputs(i), ValueWhere::Output(i));
+        if (!out.ok()) return out.status();
+        outputs.push_back(*std::move(out));
+      }
+      context.set_writing(false);
+      return context.CallKernelInto(op, &stack, outputs);
+    }
     // out= arguments: kernels may resize them internally (mse_loss.out uses
     // its out tensor as scratch space), which memory over a segment cannot
     // do. The kernel gets a resizable tensor of the same shape; its result
     // is copied into the segment afterwards.
+    // Kernels over device memory write them where they are.
     std::vector<OutArgument> outs;
-    if (registered->has_out_arguments) outs = ReplaceOutArguments(arguments, &stack);
+    if (registered->has_out_arguments && !(device_memory && !mirror.has_value())) {
+      outs = ReplaceOutArguments(arguments, &stack);
+    }
     context.set_writing(false);
     // On an error before WriteBack the mirror's buffers are released at
     // once: the only device work on them, Fetch's copies, has completed.
@@ -384,6 +452,12 @@ class OpRunnerImpl final : public OpRunner {
         " with ", elements.largest, " elements (sizes [",
         absl::StrJoin(*elements.largest_sizes, ", "), "]); split the work into smaller calls, or "
         "start flagosd with a larger --max-op-elements"));
+  }
+
+  // An out= kernel over device memory that moved its outputs elsewhere.
+  static absl::Status OutputsMoved(const std::string& op_name) {
+    return absl::InternalError(absl::StrCat(
+        op_name, ": the native kernel replaced its output tensors instead of writing them"));
   }
 
   // cpu_fallback: copies what the kernel wrote back to the device.

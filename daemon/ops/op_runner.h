@@ -68,6 +68,17 @@
 
 namespace flagos::daemon {
 
+// What one Run did, for the metrics: the route the call took (a call the
+// native kernels declined, flagos/op_executor.h's DeclinedError, ran again
+// on cpu_fallback: route kCpuFallback, declined true) and the bytes the
+// cpu_fallback route copied between the device and the host.
+struct OpRunStats {
+  OpRoute route = OpRoute::kNative;
+  bool declined = false;
+  uint64_t fallback_bytes_to_host = 0;
+  uint64_t fallback_bytes_to_device = 0;
+};
+
 class OpRunner {
  public:
   // OK when [addr, addr + nbytes) on `device` is memory the session may use;
@@ -104,8 +115,15 @@ class OpRunner {
   // elements reaches the kernel over no memory, not the address sent. Fills `completion->values` as
   // described above; values are complete when Run returns. Errors name the
   // op.
+  //
+  // On a backend whose native kernels run on memory the host cannot
+  // address (kunlunxin's xdnn), a native call whose results must travel by
+  // value (want_values) takes cpu_fallback, and a call the kernels decline
+  // (nothing issued) runs again on cpu_fallback; `stats` (may be null)
+  // says what happened.
   virtual absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call,
-                           RangeCheck check, v1::Completion* completion) = 0;
+                           RangeCheck check, v1::Completion* completion,
+                           OpRunStats* stats = nullptr) = 0;
 
   // The route of registered op `op_id` (kNative for an unknown id).
   virtual OpRoute RouteOf(uint32_t op_id) = 0;

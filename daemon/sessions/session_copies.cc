@@ -69,17 +69,20 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
       const auto start = metrics == nullptr ? std::chrono::steady_clock::time_point()
                                             : std::chrono::steady_clock::now();
       const CollectiveCaller caller(id_, pid_);  // for the flagos_c10d kernels
+      OpRunStats run;
       absl::Status status = ops_->Run(
           device, backend_stream, command.op(),
           [&](int d, uint64_t addr, uint64_t nbytes) {
             return CheckRange(command, d, addr, nbytes);
           },
-          completion);
+          completion, &run);
       if (metrics != nullptr) {
-        metrics->CountOp(ops_->RouteOf(command.op().op_id()),
+        metrics->CountOp(run.route,
                          std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
                              .count(),
                          status.ok());
+        metrics->CountCpuFallbackBytes(run.fallback_bytes_to_host, run.fallback_bytes_to_device);
+        if (run.declined) metrics->CountNativeDeclined();
       }
       return status;
     }

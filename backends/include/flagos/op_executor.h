@@ -22,10 +22,27 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 #include "flagos/kernel_facts.h"
 #include "flagos/runtime.h"
 
 namespace flagos {
+
+// A native kernel's refusal of one call that the cpu_fallback route can
+// run instead: the vendor library's NOT_IMPLEMENT, a dtype or an argument
+// it does not take. Nothing was issued. UNIMPLEMENTED, marked so that the
+// op runner tells it from an operator that fails on every route.
+inline constexpr absl::string_view kDeclinedPayload = "flagos.dev/declined";
+inline absl::Status DeclinedError(absl::string_view why) {
+  absl::Status status = absl::UnimplementedError(why);
+  status.SetPayload(kDeclinedPayload, absl::Cord("1"));
+  return status;
+}
+inline bool IsDeclined(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnimplemented &&
+         status.GetPayload(kDeclinedPayload).has_value();
+}
 
 class OpExecutor {
  public:
@@ -40,6 +57,22 @@ class OpExecutor {
   // kernel come back as a status naming the op.
   virtual absl::Status Call(int device, StreamHandle stream, const c10::OperatorHandle& op,
                             torch::jit::Stack* stack) = 0;
+  // Runs functional `op` on `stack` (its arguments) with its results
+  // written into `outputs` (one per tensor it returns, lists flattened;
+  // already of the right sizes and dtypes), so the kernel needs no memory
+  // of its own. On OK the stack is left empty. DeclinedError when it cannot
+  // (the default: executors whose kernels allocate their results run
+  // functional ops through Call).
+  virtual absl::Status CallInto(int device, StreamHandle stream, const c10::OperatorHandle& op,
+                                torch::jit::Stack* stack, const std::vector<at::Tensor>& outputs) {
+    (void)device, (void)stream, (void)op, (void)stack, (void)outputs;
+    return DeclinedError("this backend's kernels return their results");
+  }
+  // Whether the host can address the memory its kernels run on (ATen's
+  // CPU kernels over host memory can). When not, the op runner never hands
+  // it a call whose results must travel by value, and never replaces its
+  // out= arguments by host scratch tensors.
+  virtual bool host_addressable() const { return true; }
   // Whether it has a kernel of its own for `op`, which runs the op as one
   // call (not decomposed into other operators). The daemon reports the
   // composite operators it can run this way (execution/composite_ops.h).

@@ -132,7 +132,7 @@ struct Record {
   std::atomic<bool> done{false};
 };
 
-enum class OpKind { kCopy, kRecord, kWaitRecord };
+enum class OpKind { kCopy, kRecord, kWaitRecord, kKernel };
 
 struct Op {
   OpKind kind = OpKind::kCopy;
@@ -142,6 +142,8 @@ struct Op {
   uint64_t size = 0;
   std::shared_ptr<Record> record;  // kRecord: to complete; kWaitRecord: to wait for (may be null)
   bool stalled = false;            // issued to a stalled device: never runs
+  void (*kernel)(void*) = nullptr;  // kKernel: runs kernel(kernel_arg)
+  void* kernel_arg = nullptr;
 };
 
 struct Stream {
@@ -522,6 +524,9 @@ void Execute(Stream& s, Op& op) {
       g->rec_cv.notify_all();
       break;
     }
+    case OpKind::kKernel:
+      op.kernel(op.kernel_arg);
+      break;
     case OpKind::kWaitRecord:
       if (op.record) {
         std::unique_lock<std::mutex> lk(g->rec_mu);
@@ -1037,6 +1042,27 @@ extern "C" uint64_t fake_xpu_calls(const char* sym) {
   if (g == nullptr || sym == nullptr) return 0;
   int i = SymByName(sym);
   return i < 0 ? 0 : g->calls[i].load(std::memory_order_relaxed);
+}
+
+extern "C" void* fake_xpu_kernel_address(void* stream, const void* ptr, uint64_t nbytes) {
+  if (!Usable()) return nullptr;
+  std::shared_ptr<Stream> s;
+  if (ResolveStreamOnCurrent(stream, &s) != kOk) return nullptr;
+  Device* d = nullptr;
+  if (CheckDevice(ptr, nbytes == 0 ? 1 : nbytes, s->dev, &d) != kOk) return nullptr;
+  return Shadow(*d, ptr);
+}
+
+extern "C" int fake_xpu_launch(void* stream, void (*kernel)(void*), void* arg) {
+  if (!Usable()) return kErrAbnormal;
+  if (kernel == nullptr) return kErrInvalidParam;
+  std::shared_ptr<Stream> s;
+  if (int rc = ResolveStreamOnCurrent(stream, &s); rc != kOk) return rc;
+  Op op;
+  op.kind = OpKind::kKernel;
+  op.kernel = kernel;
+  op.kernel_arg = arg;
+  return Enqueue(*s, std::move(op));
 }
 
 // Every function of the table must be defined here: taking their addresses

@@ -28,6 +28,19 @@ FAKE_XPU_API int fake_xpu_live_events(void);
 // injected failures and lies; 0 for a name the fake does not export.
 FAKE_XPU_API uint64_t fake_xpu_calls(const char* sym);
 
+// For the fake op library (tests/fakes/xdnn), what a kernel launch is on
+// the real device:
+// The fake's read/write address of device range [ptr, ptr + nbytes) for a
+// kernel issued to `stream` (nullptr: the current device's NULL stream);
+// nullptr unless the stream is the current device's and the range lies in
+// one live allocation of that device (as a device kernel would fault).
+FAKE_XPU_API void* fake_xpu_kernel_address(void* stream, const void* ptr, uint64_t nbytes);
+// Queues kernel(arg) on `stream` of the current device: it runs on the
+// stream's worker, in issue order, FAKE_XPU_DELAY_US after this call at the
+// earliest, like a copy. 0, or the error a copy would get (707 for a stream
+// of another device or a null kernel).
+FAKE_XPU_API int fake_xpu_launch(void* stream, void (*kernel)(void*), void* arg);
+
 }  // extern "C"
 
 #endif  // FLAGOS_TESTS_FAKES_XPURT_FAKE_XPURT_H_

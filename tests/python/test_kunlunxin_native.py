@@ -1,0 +1,228 @@
+"""The kunlunxin backend's native route: xdnn_pytorch through flagosd's binding
+module, over the fake libxpurt and the fake xdnn_pytorch (tests/fakes/xdnn).
+
+Each test starts its own kunlunxin daemon (whatever backend the run uses)
+with the binding module built against the fake, and checks results against
+CPU torch: a calibration that routes what matched native and what lied
+cpu_fallback; a training step that runs native; per-call fallback on
+NOT_IMPLEMENT; vendor errors that name the op, the call and the code; and a
+daemon without the module.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flagos_test_env import REPO, fake_xpu_env
+
+MODULE = REPO / "build" / "tests" / "fakes" / "xdnn" / "module" / "libflagos_kunlunxin_xdnn.so"
+CALIBRATE = REPO / "scripts" / "kunlunxin-calibrate"
+
+pytestmark = pytest.mark.skipif(
+    not MODULE.is_file(), reason=f"the fake xdnn binding module is not built ({MODULE})")
+
+# One training step of an MLP with Adam, as people write it; prints the loss
+# of each step and the final weights' checksum, on flagos and on the CPU.
+TRAINING = r"""
+import torch, torch_fl, json
+def run(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 16, generator=g).to(device)
+    y = torch.randint(0, 4, (8,), generator=g).to(device)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+l_dev, p_dev = run("flagos")
+l_cpu, p_cpu = run("cpu")
+err = max((a - b).abs().max().item() for a, b in zip(p_dev, p_cpu))
+print(json.dumps({"flagos": l_dev, "cpu": l_cpu, "param_err": err}))
+"""
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """Sum of `name`'s series whose labels include `labels`."""
+    total = 0.0
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        series, value = line.rsplit(" ", 1)
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def native_conf(tmp_path: Path, overloads: list[str]) -> Path:
+    conf = tmp_path / "ops.conf"
+    conf.write_text("default = cpu_fallback\n" + "".join(f"{o} = native\n" for o in overloads))
+    return conf
+
+
+# The overloads one MLP + Adam step issues that the binding binds.
+TRAINING_OVERLOADS = [
+    "aten::addmm", "aten::mm", "aten::relu", "aten::threshold_backward",
+    "aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
+    "aten::nll_loss_backward", "aten::sum.dim_IntList", "aten::fill_.Scalar", "aten::zero_",
+    "aten::copy_", "aten::add_.Tensor", "aten::add.Tensor", "aten::mul.Tensor",
+    "aten::_foreach_add_.Scalar", "aten::_foreach_lerp_.Scalar", "aten::_foreach_mul_.Scalar",
+    "aten::_foreach_addcmul_.Scalar", "aten::_foreach_sqrt", "aten::_foreach_div_.ScalarList",
+    "aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_add_.List", "aten::_foreach_mul_.List",
+    # What the client sends when it runs a _foreach_ op element by element.
+    "aten::addcdiv_", "aten::addcmul_", "aten::div_.Tensor", "aten::lerp_.Scalar", "aten::sqrt",
+    "aten::mul.out", "aten::mul_.Scalar", "aten::add_.Scalar",
+]
+
+
+def start_native(start_daemon, conf: Path | None, **fake_xdnn: str):
+    env = {f"FAKE_XDNN_{k.upper()}": v for k, v in fake_xdnn.items()}
+    env.update(fake_xpu_env(delay_us="300"))
+    args = ["--metrics-listen=127.0.0.1:0", f"--xdnn-module={MODULE}"]
+    if conf is not None:
+        args.append(f"--ops-conf={conf}")
+    return start_daemon(backend="kunlunxin", extra_args=args, env=env)
+
+
+def py(run_python, daemon, code: str) -> str:
+    """`code`'s stdout, run against `daemon`; the run must exit 0."""
+    done = run_python(code, env={"FLAGOS_ENDPOINT": daemon.endpoint})
+    assert done.returncode == 0, done.stdout + done.stderr + daemon.log()
+    return done.stdout
+
+
+def train(run_python, daemon, steps: int = 4) -> dict:
+    out = py(run_python, daemon, TRAINING.replace("STEPS", str(steps)))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_training_step_runs_native_and_matches_cpu(start_daemon, run_python, tmp_path):
+    daemon = start_native(start_daemon, native_conf(tmp_path, TRAINING_OVERLOADS))
+    assert "native route: xdnn_pytorch through" in daemon.log()
+    url = daemon.metrics_url()
+    result = train(run_python, daemon)
+    assert result["flagos"] == pytest.approx(result["cpu"], abs=1e-5)
+    assert result["param_err"] < 1e-5
+    native = metric(url, "flagosd_ops_total", route="native")
+    fallback = metric(url, "flagosd_ops_total", route="cpu_fallback")
+    assert metric(url, "flagosd_native_route_available") == 1
+    # Every op of the step but the few with host scalars (Adam's step count
+    # lives on the CPU) runs native.
+    assert native / (native + fallback) >= 0.9, (native, fallback)
+
+
+def test_native_moves_a_small_share_of_the_all_fallback_bytes(start_daemon, run_python,
+                                                              tmp_path):
+    native_daemon = start_native(start_daemon, native_conf(tmp_path, TRAINING_OVERLOADS))
+    all_fallback = start_native(start_daemon, None)
+    train(run_python, native_daemon)
+    train(run_python, all_fallback)
+    moved = [metric(d.metrics_url(), "flagosd_cpu_fallback_bytes_total")
+             for d in (native_daemon, all_fallback)]
+    assert moved[1] > 0
+    assert moved[0] <= 0.02 * moved[1], moved
+
+
+def test_not_implement_runs_that_call_on_cpu_fallback(start_daemon, run_python, tmp_path):
+    daemon = start_native(start_daemon, native_conf(tmp_path, TRAINING_OVERLOADS),
+                          not_implement="mm:float32,relu:*")
+    url = daemon.metrics_url()
+    result = train(run_python, daemon, steps=2)
+    assert result["flagos"] == pytest.approx(result["cpu"], abs=1e-5)
+    declined = metric(url, "flagosd_native_declined_total")
+    assert declined > 0
+    # Refused once, then remembered: xdnn is asked once per (op, dtype).
+    out = py(run_python, daemon,
+             "import torch, torch_fl\n"
+             "a = torch.ones(3, 3, device='flagos')\n"
+             "for _ in range(5): b = torch.mm(a, a)\n"
+             "print(b.cpu().sum().item())\n")
+    assert out.strip().splitlines()[-1] == "27.0"
+    assert metric(url, "flagosd_native_declined_total") >= declined + 5
+    # xdnn said NOT_IMPLEMENT once; later calls (this session's, the next
+    # session's) were declined without asking it.
+    assert daemon.log().count("through xdnn_pytorch::mm (NOT_IMPLEMENT)") == 1, daemon.log()
+    assert "xdnn_pytorch refused aten::mm.out for Float before" in daemon.log()
+
+
+def test_vendor_error_names_op_call_and_code_and_session_goes_on(start_daemon, run_python,
+                                                                 tmp_path):
+    daemon = start_native(start_daemon, native_conf(tmp_path, ["aten::mm", "aten::add.Tensor"]),
+                          fail="mm:RUNTIME_ERROR")
+    out = py(run_python, daemon,
+             "import torch, torch_fl\n"
+             "a = torch.ones(2, 2, device='flagos')\n"
+             "try:\n"
+             "    torch.mm(a, a).cpu()\n"
+             "    print('no error')\n"
+             "except RuntimeError as e:\n"
+             "    print('ERROR', ' '.join(str(e).split()))\n"
+             "print('after', (a + a).cpu().tolist())\n")
+    error = next(line for line in out.splitlines() if line.startswith(("ERROR", "no error")))
+    assert "aten::mm" in error and "xdnn_pytorch::mm" in error and "RUNTIME_ERROR" in error, out
+    assert "after [[2.0, 2.0], [2.0, 2.0]]" in out
+
+
+def test_without_the_module_every_op_takes_cpu_fallback(start_daemon, run_python, tmp_path):
+    env = fake_xpu_env()
+    env["FLAGOS_KUNLUNXIN_XDNN_MODULE"] = None
+    daemon = start_daemon(backend="kunlunxin", env=env,
+                          extra_args=["--metrics-listen=127.0.0.1:0",
+                                      f"--ops-conf={native_conf(tmp_path, ['aten::mm'])}"])
+    log = daemon.log()
+    assert "the native (xdnn) route is absent, so every operator takes cpu_fallback" in log, log
+    url = daemon.metrics_url()
+    assert metric(url, "flagosd_native_route_available") == 0
+    out = py(run_python, daemon,
+             "import torch, torch_fl\n"
+             "a = torch.ones(2, 2, device='flagos')\n"
+             "print(torch.mm(a, a).cpu().sum().item())\n")
+    assert out.strip().splitlines()[-1] == "8.0"
+    assert metric(url, "flagosd_ops_total", route="native") == 0
+
+
+def calibrate(tmp_path: Path, **fake_xdnn: str) -> tuple[str, dict]:
+    import os
+    env = dict(os.environ, **fake_xpu_env(delay_us="100"),
+               **{f"FAKE_XDNN_{k.upper()}": v for k, v in fake_xdnn.items()})
+    out = tmp_path / "ops.conf"
+    done = subprocess.run(
+        [sys.executable, str(CALIBRATE), f"--out={out}", f"--xdnn-module={MODULE}",
+         "--only=aten::mm,aten::mul.Tensor,aten::add_.Tensor,aten::_log_softmax,aten::relu,"
+         "aten::fill_.Scalar"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out.read_text(), json.loads(Path(f"{out}.json").read_text())
+
+
+def test_calibration_routes_what_matched_native_and_a_lying_op_cpu_fallback(tmp_path):
+    conf, evidence = calibrate(tmp_path, lie="mul_tensor", not_implement="relu:bfloat16")
+    routes = dict(re.findall(r"^(aten::\S+) = (\w+)", conf, re.M))
+    assert routes["aten::mm"] == "native"
+    assert routes["aten::add_.Tensor"] == "native"
+    assert routes["aten::_log_softmax"] == "native"
+    assert routes["aten::fill_.Scalar"] == "native"
+    # relu refuses bfloat16: that dtype falls back per call, the rest is native.
+    assert routes["aten::relu"] == "native"
+    assert evidence["overloads"]["aten::relu"]["dtypes"]["bfloat16"]["declined_calls"] > 0
+    # The lying op: routed cpu_fallback, and the file says why.
+    assert routes["aten::mul.Tensor"] == "cpu_fallback"
+    assert re.search(r"aten::mul.Tensor = cpu_fallback  # \w+: results differ from ATen CPU",
+                     conf), conf
+    mm = evidence["overloads"]["aten::mm"]["dtypes"]["float32"]
+    assert mm["max_error"] <= 1e-4 and mm["seconds"] > 0 and mm["cpu_fallback_seconds"] > 0
+    assert "xdnn_pytorch through" in evidence["native_route"]
+    assert evidence["date"] and evidence["devices"]
