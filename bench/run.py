@@ -3,7 +3,7 @@
 `scripts/bench` builds, starts a private flagosd, sets FLAGOS_ENDPOINT and
 runs this. Each benchmark measures its flagos figure and its baseline in the
 same run (see the module docstrings: tiny_op, roundtrip, copies, training,
-multiproc, allreduce, tcp; the shared timing code is in common.py). Prints a table and, for
+multiproc, allreduce, tcp, kunlunxin_native; the shared timing code is in common.py). Prints a table and, for
 a full run, writes it with the machine's description and the goals to
 docs/performance.md.
 
@@ -24,6 +24,7 @@ from pathlib import Path
 import common  # first: puts the source tree's plugin/ on sys.path if needed
 import allreduce
 import copies
+import kunlunxin_native
 import multiproc
 import roundtrip
 import tcp
@@ -40,6 +41,7 @@ BENCHMARKS = {
     "multiproc": multiproc,
     "allreduce": allreduce,
     "tcp": tcp,
+    "kunlunxin_native": kunlunxin_native,
 }
 # More than this fraction of the CPUs busy with other work makes figures unreliable.
 BUSY_WARNING = 0.15
@@ -69,6 +71,10 @@ GOALS = [
     ("7. TCP on loopback", f"a TCP session's `.item()` ≤ {tcp.ITEM_GOAL:g}× a raw TCP ping-pong; "
                            f"its copies of {tcp.SIZES_MIB[0]} and {tcp.SIZES_MIB[1]} MiB ≥ "
                            f"{tcp.BULK_GOAL:g}× raw TCP throughput"),
+    ("8. kunlunxin native route", f"an MLP + Adam step on kunlunxin (over the fakes in CI): "
+                                  f"≥ {kunlunxin_native.NATIVE_SHARE_GOAL:.0%} of its ops native, "
+                                  f"≤ {kunlunxin_native.BYTES_GOAL:.0%} of the all-cpu_fallback "
+                                  f"bytes moved"),
 ]
 
 

@@ -44,10 +44,13 @@ enum flagos_xdnn_dtype {
   FLAGOS_XDNN_FLOAT64 = 7,
   FLAGOS_XDNN_BOOL = 11,
   FLAGOS_XDNN_BFLOAT16 = 15,
+  FLAGOS_XDNN_ABSENT = -1,
 };
 
 /* A tensor over device memory: `data` is the device address of its first
- * element (NULL when it has no elements), sizes and strides in elements. */
+ * element (NULL when it has no elements), sizes and strides in elements.
+ * An output the caller does not want (an undefined result, output_mask
+ * false) has dtype FLAGOS_XDNN_ABSENT and no data. */
 typedef struct {
   void* data;
   int32_t dtype;
@@ -65,6 +68,8 @@ enum flagos_xdnn_arg_kind {
   FLAGOS_XDNN_ARG_INTS = 5,    /* ints[count] */
   FLAGOS_XDNN_ARG_DOUBLES = 6, /* doubles[count] */
   FLAGOS_XDNN_ARG_TENSORS = 7, /* tensors[count] */
+  FLAGOS_XDNN_ARG_STRING = 8,  /* string (NUL-terminated) */
+  FLAGOS_XDNN_ARG_BOOLS = 9,   /* ints[count], each 0 or 1 */
 };
 
 typedef struct {
@@ -76,6 +81,7 @@ typedef struct {
   const int64_t* ints;
   const double* doubles;
   const flagos_xdnn_tensor* tensors;
+  const char* string;
 } flagos_xdnn_arg;
 
 typedef struct {

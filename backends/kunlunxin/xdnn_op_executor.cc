@@ -77,6 +77,16 @@ class CallDescriptors {
     } else if (value.isDouble()) {
       arg.kind = FLAGOS_XDNN_ARG_DOUBLE;
       arg.d = value.toDouble();
+    } else if (value.isString()) {
+      std::string& text = strings_.emplace_back(value.toStringRef());
+      arg.kind = FLAGOS_XDNN_ARG_STRING;
+      arg.string = text.c_str();
+    } else if (value.isBoolList()) {
+      std::vector<int64_t>& ints = ints_.emplace_back();
+      for (bool b : value.toBoolList()) ints.push_back(b ? 1 : 0);
+      arg.kind = FLAGOS_XDNN_ARG_BOOLS;
+      arg.count = static_cast<int64_t>(ints.size());
+      arg.ints = ints.data();
     } else if (value.isIntList()) {
       std::vector<int64_t>& ints = ints_.emplace_back(value.toIntVector());
       arg.kind = FLAGOS_XDNN_ARG_INTS;
@@ -153,6 +163,7 @@ class CallDescriptors {
   std::deque<std::vector<int64_t>> ints_;
   std::deque<std::vector<double>> doubles_;
   std::deque<std::vector<flagos_xdnn_tensor>> lists_;
+  std::deque<std::string> strings_;
 };
 
 class XdnnOpExecutor final : public OpExecutor {
@@ -228,6 +239,12 @@ class XdnnOpExecutor final : public OpExecutor {
     }
     std::vector<flagos_xdnn_tensor> outs;
     for (const at::Tensor& out : outputs) {
+      if (!out.defined()) {
+        flagos_xdnn_tensor absent{};
+        absent.dtype = FLAGOS_XDNN_ABSENT;
+        outs.push_back(absent);
+        continue;
+      }
       absl::StatusOr<flagos_xdnn_tensor> d = descriptors.Describe(out);
       if (!d.ok()) return d.status();
       outs.push_back(*d);

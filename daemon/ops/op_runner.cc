@@ -367,8 +367,10 @@ class OpRunnerImpl final : public OpRunner {
       std::vector<at::Tensor> outputs;
       context.set_writing(true);
       for (int i = 0; i < call.outputs_size(); ++i) {
-        if (call.outputs(i).undefined() || call.outputs(i).conj() || call.outputs(i).neg()) {
-          return DeclinedError("an undefined, conjugate or negative-view output");
+        // An undefined output is a result the client does not want
+        // (convolution_backward's grad_input for a first layer).
+        if (call.outputs(i).conj() || call.outputs(i).neg()) {
+          return DeclinedError("a conjugate or negative-view output");
         }
         absl::StatusOr<at::Tensor> out = context.WrapTensor(call.outputs(i), ValueWhere::Output(i));
         if (!out.ok()) return out.status();

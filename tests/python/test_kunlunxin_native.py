@@ -19,13 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from flagos_test_env import REPO, fake_xpu_env
+from flagos_test_env import REPO, fake_xpu_env, on_kunlunxin
 
 MODULE = REPO / "build" / "tests" / "fakes" / "xdnn" / "module" / "libflagos_kunlunxin_xdnn.so"
 CALIBRATE = REPO / "scripts" / "kunlunxin-calibrate"
 
-pytestmark = pytest.mark.skipif(
-    not MODULE.is_file(), reason=f"the fake xdnn binding module is not built ({MODULE})")
+pytestmark = [
+    pytest.mark.skipif(not MODULE.is_file(),
+                       reason=f"the fake xdnn binding module is not built ({MODULE})"),
+    # Its daemons are kunlunxin ones whatever the run's backend: the cpu
+    # pass runs it, the kunlunxin pass would only repeat it.
+    pytest.mark.skipif(on_kunlunxin(), reason="runs its own kunlunxin daemons in the cpu pass"),
+]
 
 # One training step of an MLP with Adam, as people write it; prints the loss
 # of each step and the final weights' checksum, on flagos and on the CPU.
@@ -73,7 +78,8 @@ def native_conf(tmp_path: Path, overloads: list[str]) -> Path:
     return conf
 
 
-# The overloads one MLP + Adam step issues that the binding binds.
+# The overloads one MLP + Adam step issues (the calibration must route them
+# native over the fakes).
 TRAINING_OVERLOADS = [
     "aten::addmm", "aten::mm", "aten::relu", "aten::threshold_backward",
     "aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
@@ -81,7 +87,7 @@ TRAINING_OVERLOADS = [
     "aten::copy_", "aten::add_.Tensor", "aten::add.Tensor", "aten::mul.Tensor",
     "aten::_foreach_add_.Scalar", "aten::_foreach_lerp_.Scalar", "aten::_foreach_mul_.Scalar",
     "aten::_foreach_addcmul_.Scalar", "aten::_foreach_sqrt", "aten::_foreach_div_.ScalarList",
-    "aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_add_.List", "aten::_foreach_mul_.List",
+    "aten::_foreach_addcdiv_.ScalarList",
     # What the client sends when it runs a _foreach_ op element by element.
     "aten::addcdiv_", "aten::addcmul_", "aten::div_.Tensor", "aten::lerp_.Scalar", "aten::sqrt",
     "aten::mul.out", "aten::mul_.Scalar", "aten::add_.Scalar",
@@ -109,8 +115,27 @@ def train(run_python, daemon, steps: int = 4) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_training_step_runs_native_and_matches_cpu(start_daemon, run_python, tmp_path):
-    daemon = start_native(start_daemon, native_conf(tmp_path, TRAINING_OVERLOADS))
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory) -> Path:
+    """The route file scripts/kunlunxin-calibrate writes over the fakes (every sample)."""
+    import os
+    out = tmp_path_factory.mktemp("calibrated") / "ops.conf"
+    done = subprocess.run(
+        [sys.executable, str(CALIBRATE), f"--out={out}", f"--xdnn-module={MODULE}"],
+        env=dict(os.environ, **fake_xpu_env(delay_us="50")), capture_output=True, text=True,
+        timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_calibrated_routes_cover_the_training_step(calibrated):
+    routes = dict(re.findall(r"^(aten::\S+) = (\w+)", calibrated.read_text(), re.M))
+    missing = [o for o in TRAINING_OVERLOADS if routes.get(o) != "native"]
+    assert not missing, calibrated.read_text()
+
+
+def test_training_step_runs_native_and_matches_cpu(start_daemon, run_python, calibrated):
+    daemon = start_native(start_daemon, calibrated)
     assert "native route: xdnn_pytorch through" in daemon.log()
     url = daemon.metrics_url()
     result = train(run_python, daemon)
@@ -125,8 +150,8 @@ def test_training_step_runs_native_and_matches_cpu(start_daemon, run_python, tmp
 
 
 def test_native_moves_a_small_share_of_the_all_fallback_bytes(start_daemon, run_python,
-                                                              tmp_path):
-    native_daemon = start_native(start_daemon, native_conf(tmp_path, TRAINING_OVERLOADS))
+                                                              calibrated):
+    native_daemon = start_native(start_daemon, calibrated)
     all_fallback = start_native(start_daemon, None)
     train(run_python, native_daemon)
     train(run_python, all_fallback)

@@ -107,6 +107,99 @@ int NllLossBackward(Invocation& c) {
                    c.OptionalTensor(3), c.Int(4), c.Int(5), c.Tensor(6), c.Out(0));
 }
 
+// ---- convolution, normalisation, pooling, embedding, activations
+// convolution(input, weight, bias?, stride, padding, dilation, transposed,
+// output_padding, groups)
+int Convolution(Invocation& c) {
+  return XDNN_CALL(c, convolution, c.Tensor(0), c.Tensor(1), c.OptionalTensor(2), c.Ints(3),
+                   c.Ints(4), c.Ints(5), c.Bool(6), c.Ints(7), c.Int(8), c.Out(0));
+}
+// convolution_backward(grad_output, input, weight, bias_sizes?, stride,
+// padding, dilation, transposed, output_padding, groups, output_mask)
+int ConvolutionBackward(Invocation& c) {
+  return XDNN_CALL(c, convolution_backward, c.Tensor(0), c.Tensor(1), c.Tensor(2), c.Ints(4),
+                   c.Ints(5), c.Ints(6), c.Bool(7), c.Ints(8), c.Int(9), c.Bools(10), c.Out(0),
+                   c.Out(1), c.Out(2));
+}
+// native_batch_norm / _native_batch_norm_legit(input, weight?, bias?,
+// running_mean?, running_var?, training, momentum, eps)
+int NativeBatchNorm(Invocation& c) {
+  return XDNN_CALL(c, native_batch_norm, c.Tensor(0), c.OptionalTensor(1), c.OptionalTensor(2),
+                   c.OptionalTensor(3), c.OptionalTensor(4), c.Bool(5), c.Double(6), c.Double(7),
+                   c.Out(0), c.Out(1), c.Out(2));
+}
+// native_batch_norm_backward(grad_out, input, weight?, running_mean?,
+// running_var?, save_mean?, save_invstd?, train, eps, output_mask)
+int NativeBatchNormBackward(Invocation& c) {
+  return XDNN_CALL(c, native_batch_norm_backward, c.Tensor(0), c.Tensor(1), c.OptionalTensor(2),
+                   c.OptionalTensor(3), c.OptionalTensor(4), c.OptionalTensor(5),
+                   c.OptionalTensor(6), c.Bool(7), c.Double(8), c.Bools(9), c.Out(0), c.Out(1),
+                   c.Out(2));
+}
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps)
+int NativeLayerNorm(Invocation& c) {
+  return XDNN_CALL(c, native_layer_norm, c.Tensor(0), c.Ints(1), c.OptionalTensor(2),
+                   c.OptionalTensor(3), c.Double(4), c.Out(0), c.Out(1), c.Out(2));
+}
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
+// weight?, bias?, output_mask)
+int NativeLayerNormBackward(Invocation& c) {
+  return XDNN_CALL(c, native_layer_norm_backward, c.Tensor(0), c.Tensor(1), c.Ints(2),
+                   c.Tensor(3), c.Tensor(4), c.OptionalTensor(5), c.OptionalTensor(6),
+                   c.Bools(7), c.Out(0), c.Out(1), c.Out(2));
+}
+int Softmax(Invocation& c) {
+  return XDNN_CALL(c, softmax, c.Tensor(0), c.Int(1), c.Bool(2), c.Out(0));
+}
+int SoftmaxBackward(Invocation& c) {
+  std::optional<xdnn_pytorch::ScalarType> input_dtype =
+      XdnnScalarType(static_cast<int32_t>(c.Int(3)));
+  if (!input_dtype.has_value()) throw Decline{"input_dtype has no xdnn_pytorch ScalarType"};
+  return XDNN_CALL(c, softmax_backward_data, c.Tensor(0), c.Tensor(1), c.Int(2), *input_dtype,
+                   c.Out(0));
+}
+// embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)
+int Embedding(Invocation& c) {
+  return XDNN_CALL(c, embedding, c.Tensor(0), c.Tensor(1), c.Int(2), c.Bool(3), c.Bool(4),
+                   c.Out(0));
+}
+// embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
+// scale_grad_by_freq)
+int EmbeddingDenseBackward(Invocation& c) {
+  return XDNN_CALL(c, embedding_dense_backward, c.Tensor(0), c.Tensor(1), c.Int(2), c.Int(3),
+                   c.Bool(4), c.Out(0));
+}
+int Gelu(Invocation& c) { return XDNN_CALL(c, gelu, c.Tensor(0), c.String(1), c.Out(0)); }
+int GeluBackward(Invocation& c) {
+  return XDNN_CALL(c, gelu_backward, c.Tensor(0), c.Tensor(1), c.String(2), c.Out(0));
+}
+// An empty stride list means the kernel size (aten's default).
+std::vector<int64_t> PoolStride(Invocation& c, int stride, int kernel) {
+  std::vector<int64_t> s = c.Ints(stride);
+  return s.empty() ? c.Ints(kernel) : s;
+}
+// max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode)
+int MaxPool2d(Invocation& c) {
+  return XDNN_CALL(c, max_pool2d_with_indices, c.Tensor(0), c.Ints(1), PoolStride(c, 2, 1),
+                   c.Ints(3), c.Ints(4), c.Bool(5), c.Out(0), c.Out(1));
+}
+// max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride,
+// padding, dilation, ceil_mode, indices)
+int MaxPool2dBackward(Invocation& c) {
+  return XDNN_CALL(c, max_pool2d_with_indices_backward, c.Tensor(0), c.Tensor(1), c.Ints(2),
+                   PoolStride(c, 3, 2), c.Ints(4), c.Ints(5), c.Bool(6), c.Tensor(7), c.Out(0));
+}
+int AdaptiveAvgPool2d(Invocation& c) {
+  return XDNN_CALL(c, adaptive_avg_pool2d, c.Tensor(0), c.Ints(1), c.Out(0));
+}
+int AdaptiveAvgPool2dBackward(Invocation& c) {
+  return XDNN_CALL(c, adaptive_avg_pool2d_backward, c.Tensor(0), c.Tensor(1), c.Out(0));
+}
+int Cat(Invocation& c) { return XDNN_CALL(c, cat, c.Tensors(0), c.Int(1), c.Out(0)); }
+int Where(Invocation& c) {
+  return XDNN_CALL(c, where, c.Tensor(0), c.Tensor(1), c.Tensor(2), c.Out(0));
+}
+
 // ---- the optimizers' _foreach_ ops: one call per list element. Every
 // element must have the first one's dtype (checked before anything is
 // issued), so a dtype refusal can only come at the first element; a
@@ -251,6 +344,7 @@ std::vector<Binding> MakeBindings() {
       {"aten::neg.out", F::kOut, 1, Neg},
       {"aten::relu", F::kFunctional, 0, Relu},
       {"aten::relu_", F::kInPlace, 0, Relu},
+      {"aten::relu.out", F::kOut, 1, Relu},
       {"aten::sqrt", F::kFunctional, 0, Sqrt},
       {"aten::sqrt_", F::kInPlace, 0, Sqrt},
       {"aten::sqrt.out", F::kOut, 1, Sqrt},
@@ -290,6 +384,38 @@ std::vector<Binding> MakeBindings() {
       {"aten::nll_loss_forward.output", F::kOut, 2, NllLoss},
       {"aten::nll_loss_backward", F::kFunctional, 0, NllLossBackward},
       {"aten::nll_loss_backward.grad_input", F::kOut, 1, NllLossBackward},
+      {"aten::convolution", F::kFunctional, 0, Convolution},
+      {"aten::convolution.out", F::kOut, 1, Convolution},
+      {"aten::convolution_backward", F::kFunctional, 0, ConvolutionBackward},
+      {"aten::native_batch_norm", F::kFunctional, 0, NativeBatchNorm},
+      {"aten::native_batch_norm.out", F::kOut, 3, NativeBatchNorm},
+      {"aten::_native_batch_norm_legit", F::kFunctional, 0, NativeBatchNorm},
+      {"aten::native_batch_norm_backward", F::kFunctional, 0, NativeBatchNormBackward},
+      {"aten::native_layer_norm", F::kFunctional, 0, NativeLayerNorm},
+      {"aten::native_layer_norm_backward", F::kFunctional, 0, NativeLayerNormBackward},
+      {"aten::_softmax", F::kFunctional, 0, Softmax},
+      {"aten::_softmax.out", F::kOut, 1, Softmax},
+      {"aten::_softmax_backward_data", F::kFunctional, 0, SoftmaxBackward},
+      {"aten::_softmax_backward_data.out", F::kOut, 1, SoftmaxBackward},
+      {"aten::embedding", F::kFunctional, 0, Embedding},
+      {"aten::embedding_dense_backward", F::kFunctional, 0, EmbeddingDenseBackward},
+      {"aten::gelu", F::kFunctional, 0, Gelu},
+      {"aten::gelu_", F::kInPlace, 0, Gelu},
+      {"aten::gelu.out", F::kOut, 1, Gelu},
+      {"aten::gelu_backward", F::kFunctional, 0, GeluBackward},
+      {"aten::gelu_backward.grad_input", F::kOut, 1, GeluBackward},
+      {"aten::max_pool2d_with_indices", F::kFunctional, 0, MaxPool2d},
+      {"aten::max_pool2d_with_indices.out", F::kOut, 2, MaxPool2d},
+      {"aten::max_pool2d_with_indices_backward", F::kFunctional, 0, MaxPool2dBackward},
+      {"aten::max_pool2d_with_indices_backward.grad_input", F::kOut, 1, MaxPool2dBackward},
+      {"aten::_adaptive_avg_pool2d", F::kFunctional, 0, AdaptiveAvgPool2d},
+      {"aten::_adaptive_avg_pool2d.out", F::kOut, 1, AdaptiveAvgPool2d},
+      {"aten::_adaptive_avg_pool2d_backward", F::kFunctional, 0, AdaptiveAvgPool2dBackward},
+      {"aten::_adaptive_avg_pool2d_backward.out", F::kOut, 1, AdaptiveAvgPool2dBackward},
+      {"aten::cat", F::kFunctional, 0, Cat},
+      {"aten::cat.out", F::kOut, 1, Cat},
+      {"aten::where.self", F::kFunctional, 0, Where},
+      {"aten::where.self_out", F::kOut, 1, Where},
       {"aten::_foreach_sqrt", F::kFunctional, 0, ForeachSqrt<false>},
       {"aten::_foreach_sqrt_", F::kInPlace, 0, ForeachSqrt<true>},
       {"aten::_foreach_add_.Scalar", F::kInPlace, 0, ForeachAddScalar},

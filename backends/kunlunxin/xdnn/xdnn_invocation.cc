@@ -16,6 +16,8 @@ const char* KindName(int32_t kind) {
     case FLAGOS_XDNN_ARG_INTS: return "an int list";
     case FLAGOS_XDNN_ARG_DOUBLES: return "a float list";
     case FLAGOS_XDNN_ARG_TENSORS: return "a tensor list";
+    case FLAGOS_XDNN_ARG_STRING: return "a string";
+    case FLAGOS_XDNN_ARG_BOOLS: return "a bool list";
     default: return "an unknown kind";
   }
 }
@@ -44,6 +46,10 @@ std::optional<xdnn_pytorch::ScalarType> XdnnScalarType(int32_t dtype) {
 }
 
 xdnn_pytorch::Tensor ToXdnn(const flagos_xdnn_tensor& t) {
+  if (t.dtype == FLAGOS_XDNN_ABSENT) {
+    // A result nobody wants: no memory; the call's mask says not to write it.
+    return xdnn_pytorch::Tensor{{0}, {1}, xdnn_pytorch::ScalarType::kfloat32, nullptr};
+  }
   std::optional<xdnn_pytorch::ScalarType> type = XdnnScalarType(t.dtype);
   if (!type.has_value()) {
     throw Decline{"dtype " + std::to_string(t.dtype) + " has no xdnn_pytorch ScalarType"};
@@ -144,6 +150,18 @@ std::vector<int64_t> Invocation::Ints(int i) const {
   if (arg.kind == FLAGOS_XDNN_ARG_NONE) return {};
   if (arg.kind != FLAGOS_XDNN_ARG_INTS) Unexpected(i, arg, "an int list");
   return std::vector<int64_t>(arg.ints, arg.ints + arg.count);
+}
+
+std::string Invocation::String(int i) const {
+  const flagos_xdnn_arg& arg = Arg(i);
+  if (arg.kind != FLAGOS_XDNN_ARG_STRING) Unexpected(i, arg, "a string");
+  return arg.string;
+}
+
+std::vector<bool> Invocation::Bools(int i) const {
+  const flagos_xdnn_arg& arg = Arg(i);
+  if (arg.kind != FLAGOS_XDNN_ARG_BOOLS) Unexpected(i, arg, "a bool list");
+  return std::vector<bool>(arg.ints, arg.ints + arg.count);
 }
 
 int32_t Invocation::DtypeOf(int i) const {

@@ -49,6 +49,8 @@ class Invocation {
   double Double(int i) const;
   // An int[] argument; None is the empty list (every dimension).
   std::vector<int64_t> Ints(int i) const;
+  std::string String(int i) const;
+  std::vector<bool> Bools(int i) const;
   // The dtype of tensor argument `i`, as a flagos dtype.
   int32_t DtypeOf(int i) const;
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace xdnn {
@@ -139,6 +140,73 @@ int nll_loss(xdnn::Context* ctx, const Tensor& self, const Tensor& target,
 int nll_loss_backward(xdnn::Context* ctx, const Tensor& grad_output, const Tensor& self,
                       const Tensor& target, const OptionalTensor& weight, int64_t reduction,
                       int64_t ignore_index, const Tensor& total_weight, Tensor& grad_input);
+
+// ---- convolution, normalisation, pooling, embedding, activations (for a
+// CNN with batch norm and a small transformer). A tensor argument the
+// caller does not want written (output_mask false) may have data nullptr.
+int convolution(xdnn::Context* ctx, const Tensor& input, const Tensor& weight,
+                const OptionalTensor& bias, const std::vector<int64_t>& stride,
+                const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation,
+                bool transposed, const std::vector<int64_t>& output_padding, int64_t groups,
+                Tensor& out);
+int convolution_backward(xdnn::Context* ctx, const Tensor& grad_output, const Tensor& input,
+                         const Tensor& weight, const std::vector<int64_t>& stride,
+                         const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation,
+                         bool transposed, const std::vector<int64_t>& output_padding,
+                         int64_t groups, const std::vector<bool>& output_mask, Tensor& grad_input,
+                         Tensor& grad_weight, Tensor& grad_bias);
+// training: batch statistics into save_mean/save_invstd, running stats
+// (when given) updated in place with `momentum`; else the running stats.
+int native_batch_norm(xdnn::Context* ctx, const Tensor& input, const OptionalTensor& weight,
+                      const OptionalTensor& bias, const OptionalTensor& running_mean,
+                      const OptionalTensor& running_var, bool training, double momentum,
+                      double eps, Tensor& out, Tensor& save_mean, Tensor& save_invstd);
+int native_batch_norm_backward(xdnn::Context* ctx, const Tensor& grad_out, const Tensor& input,
+                               const OptionalTensor& weight, const OptionalTensor& running_mean,
+                               const OptionalTensor& running_var, const OptionalTensor& save_mean,
+                               const OptionalTensor& save_invstd, bool train, double eps,
+                               const std::vector<bool>& output_mask, Tensor& grad_input,
+                               Tensor& grad_weight, Tensor& grad_bias);
+int native_layer_norm(xdnn::Context* ctx, const Tensor& input,
+                      const std::vector<int64_t>& normalized_shape, const OptionalTensor& weight,
+                      const OptionalTensor& bias, double eps, Tensor& out, Tensor& mean,
+                      Tensor& rstd);
+int native_layer_norm_backward(xdnn::Context* ctx, const Tensor& grad_out, const Tensor& input,
+                               const std::vector<int64_t>& normalized_shape, const Tensor& mean,
+                               const Tensor& rstd, const OptionalTensor& weight,
+                               const OptionalTensor& bias, const std::vector<bool>& output_mask,
+                               Tensor& grad_input, Tensor& grad_weight, Tensor& grad_bias);
+int softmax(xdnn::Context* ctx, const Tensor& self, int64_t dim, bool half_to_float, Tensor& out);
+int softmax_backward_data(xdnn::Context* ctx, const Tensor& grad_output, const Tensor& output,
+                          int64_t dim, ScalarType input_dtype, Tensor& grad_input);
+int embedding(xdnn::Context* ctx, const Tensor& weight, const Tensor& indices, int64_t padding_idx,
+              bool scale_grad_by_freq, bool sparse, Tensor& out);
+int embedding_dense_backward(xdnn::Context* ctx, const Tensor& grad_output, const Tensor& indices,
+                             int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq,
+                             Tensor& grad_weight);
+// approximate: "none" or "tanh".
+int gelu(xdnn::Context* ctx, const Tensor& self, const std::string& approximate, Tensor& out);
+int gelu_backward(xdnn::Context* ctx, const Tensor& grad_output, const Tensor& self,
+                  const std::string& approximate, Tensor& grad_input);
+int max_pool2d_with_indices(xdnn::Context* ctx, const Tensor& self,
+                            const std::vector<int64_t>& kernel_size,
+                            const std::vector<int64_t>& stride,
+                            const std::vector<int64_t>& padding,
+                            const std::vector<int64_t>& dilation, bool ceil_mode, Tensor& out,
+                            Tensor& indices);
+int max_pool2d_with_indices_backward(xdnn::Context* ctx, const Tensor& grad_output,
+                                     const Tensor& self, const std::vector<int64_t>& kernel_size,
+                                     const std::vector<int64_t>& stride,
+                                     const std::vector<int64_t>& padding,
+                                     const std::vector<int64_t>& dilation, bool ceil_mode,
+                                     const Tensor& indices, Tensor& grad_input);
+int adaptive_avg_pool2d(xdnn::Context* ctx, const Tensor& self,
+                        const std::vector<int64_t>& output_size, Tensor& out);
+int adaptive_avg_pool2d_backward(xdnn::Context* ctx, const Tensor& grad_output,
+                                 const Tensor& self, Tensor& grad_input);
+int cat(xdnn::Context* ctx, const std::vector<Tensor>& tensors, int64_t dim, Tensor& out);
+int where(xdnn::Context* ctx, const Tensor& condition, const Tensor& self, const Tensor& other,
+          Tensor& out);
 
 }  // namespace xdnn_pytorch
 
