@@ -111,10 +111,12 @@ absl::StatusOr<at::Tensor> OpCallContext::WrapTensor(const v1::TensorRef& ref,
   at::Tensor tensor;
   absl::Status status = Guarded(op_name_, where, [&]() {
     if (mirror_ != nullptr) {
-      // The host copy; an empty tensor has no bytes to copy.
+      // The host copy. An empty tensor has no bytes to copy: it is wrapped
+      // over no memory, as on the native route, so that its storage cannot
+      // grow here either (a raw resize_ of it fails on both routes).
       const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(c10::kCPU);
       if (extent->numel == 0) {
-        tensor = at::empty_strided(sizes, strides, options);
+        tensor = at::from_blob(nullptr, sizes, strides, options);
       } else {
         tensor = at::from_blob(mirror_->Address(extent->begin), sizes, strides, options);
         if (writing_) mirror_->MarkWritten(extent->begin, extent->nbytes);

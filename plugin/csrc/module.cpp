@@ -117,6 +117,17 @@ void TestBadCommand(const std::string& kind) {
     ref->add_sizes(4);
     ref->add_strides(1);  // two sizes, one stride
     ref->set_dtype(static_cast<int32_t>(c10::ScalarType::Float));
+  } else if (kind == "resize_empty") {
+    // A raw aten::resize_ of a zero-size tensor to 4 elements: its storage
+    // (no memory) cannot grow, on either route.
+    auto* op = command.mutable_op();
+    op->set_op_id(OpId("aten::resize_", ""));
+    op->set_want_values(true);
+    auto* ref = op->add_args()->mutable_tensor();
+    ref->add_sizes(0);
+    ref->add_strides(1);
+    ref->set_dtype(static_cast<int32_t>(c10::ScalarType::Float));
+    op->add_args()->mutable_ints()->add_values(4);
   } else if (kind == "altered_schema") {
     // As a client on another torch whose aten::add.Tensor defaulted alpha
     // to 2 would register it.

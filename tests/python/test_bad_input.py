@@ -66,6 +66,15 @@ def test_an_op_whose_schema_differs_in_the_clients_torch_is_refused() -> None:
     )
 
 
+def test_raw_resize_of_an_empty_tensor_is_refused_on_every_route() -> None:
+    # Its storage is no memory: the cpu backend's native route and a device's
+    # cpu_fallback route (whose host copy of it is no memory either) refuse
+    # alike, instead of resizing a host copy and answering OK.
+    with pytest.raises(RuntimeError, match="not resizable"):
+        torch_fl._C._test_bad_command("resize_empty")
+    assert_daemon_still_serves()
+
+
 def test_unknown_bad_command_kind_is_rejected_by_the_hook() -> None:
     with pytest.raises((RuntimeError, ValueError)):
         torch_fl._C._test_bad_command("no_such_kind")
