@@ -75,6 +75,13 @@ class Daemon:
               else ["--metrics-listen="]),
             *extra_args,
         ]
+        # The kunlunxin pass over the fake xdnn_pytorch (scripts/test's
+        # kunlunxin-xdnn): the route file its calibration wrote; the binding
+        # module comes from FLAGOS_KUNLUNXIN_XDNN_MODULE.
+        ops_conf = os.environ.get("FLAGOS_TEST_OPS_CONF")
+        if (ops_conf and self.backend == "kunlunxin"
+                and not any(a.startswith("--ops-conf") for a in extra_args)):
+            self.args.append(f"--ops-conf={ops_conf}")
         # The kunlunxin backend's devices are the fake runtime's: the same
         # device count and memory through its variables.
         self.env = dict(os.environ)

@@ -251,3 +251,23 @@ def test_calibration_routes_what_matched_native_and_a_lying_op_cpu_fallback(tmp_
     assert mm["max_error"] <= 1e-4 and mm["seconds"] > 0 and mm["cpu_fallback_seconds"] > 0
     assert "xdnn_pytorch through" in evidence["native_route"]
     assert evidence["date"] and evidence["devices"]
+
+
+def test_the_smoke_script_covers_the_native_route_and_writes_its_report(flagosd_binary,
+                                                                       calibrated, tmp_path):
+    import os
+    env = dict(os.environ, **fake_xpu_env(devices="2"))
+    env.pop("FLAGOS_ENDPOINT", None)
+    report = tmp_path / "smoke.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "kunlunxin-smoke"), f"--flagosd={flagosd_binary}",
+         f"--xdnn-module={MODULE}", f"--ops-conf={calibrated}", f"--report={report}"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "native route: xdnn_pytorch through" in done.stdout
+    checks = {c["check"].split(" against")[0]: c for c in json.loads(report.read_text())["checks"]}
+    for name in ("mm 256x128 @ 128x64", "softmax 64x100", "conv2d 2x3x16x16 * 8x3x3x3",
+                 "3 Adam steps of an MLP"):
+        assert checks[name]["ok"] and checks[name]["native_ops"] > 0, checks[name]
+    # The MLP's Adam steps run native whole (their step counts live on the CPU).
+    assert checks["3 Adam steps of an MLP"]["cpu_fallback_ops"] == 0, checks

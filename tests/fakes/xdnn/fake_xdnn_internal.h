@@ -87,9 +87,9 @@ inline bool ReturnsCode(int fn) { return fn != kFn_create_context && fn != kFn_d
 
 // ScalarType names, in the enum's order.
 inline constexpr int kDtypeCount = 10;
-inline constexpr const char* kDtypeNames[kDtypeCount] = {"bool",  "uint8",   "int8",     "int16",
-                                                  "int32", "int64",   "float32",  "float16",
-                                                  "bfloat16", "float64"};
+inline constexpr const char* kDtypeNames[kDtypeCount] = {"bool",    "uint8",   "int8",     "int16",
+                                                         "int32",   "int64",   "float32",  "float16",
+                                                         "bfloat16", "float64"};
 
 inline bool KnownDtype(ScalarType t) {
   return static_cast<unsigned>(t) < static_cast<unsigned>(kDtypeCount);
@@ -115,7 +115,8 @@ inline int64_t ItemSize(ScalarType t) {
   return 0;
 }
 
-// ---- configuration (read once, when the library loads) -------------------
+// ---- configuration (FAKE_XDNN_*, parsed once by fake_xdnn_pytorch.cc when
+// the library loads) and call counts --------------------------------------
 
 struct Config {
   uint32_t not_implement[kFnCount] = {};  // FAKE_XDNN_NOT_IMPLEMENT: a bit per dtype

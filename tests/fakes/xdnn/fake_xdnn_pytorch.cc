@@ -16,6 +16,11 @@
 //   so an output may alias an input (in-place forms).
 // - Device addresses are PROT_NONE: the fake only ever touches the
 //   read/write ("shadow") addresses the hook hands out at issue time.
+//
+// This file holds the configuration, the introspection and the ops up to
+// nll_loss; fake_xdnn_nn_ops.cc the convolution, normalisation, pooling,
+// embedding and activation ops, cat and where; fake_xdnn_internal.h what
+// both share.
 
 #include <cstdint>
 #include <cstdlib>

@@ -452,6 +452,501 @@ void TestNllLoss(xdnn::Context* ctx) {
   CheckClose("nll_loss_backward none", dgi.Read(s), wg);
 }
 
+// ---- convolution, normalisation, pooling, embedding, activations ---------
+//
+// Each result is compared with a plain host reference written here (double
+// loops over the same float inputs). The semantics were cross-checked
+// against PyTorch's ATen CPU kernels when these ops were added.
+
+std::vector<float> Wavy(size_t n, double phase, double scale = 2.0) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(scale * std::sin(1.7 * static_cast<double>(i) + phase));
+  return v;
+}
+
+Tensor I64(void* data, std::vector<int64_t> sizes) { return Of(ScalarType::kint64, data, std::move(sizes)); }
+
+// A masked-out output: no data, never translated.
+Tensor Absent(std::vector<int64_t> sizes) { return T32(nullptr, std::move(sizes)); }
+
+void TestConvolution(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  // [2,4,5,6] * [6,2,3,2], groups 2, stride {2,1}, padding {1} (both
+  // dims), dilation {1,2}: output [2,6,3,6].
+  const int64_t N = 2, C = 4, H = 5, W = 6, O = 6, G = 2, KH = 3, KW = 2, SH = 2, SW = 1, P = 1, DH = 1, DW = 2;
+  const int64_t HO = (H + 2 * P - DH * (KH - 1) - 1) / SH + 1, WO = (W + 2 * P - DW * (KW - 1) - 1) / SW + 1;
+  const int64_t CG = C / G, OG = O / G;
+  const std::vector<float> x = Wavy(N * C * H * W, 0.1), w = Wavy(O * CG * KH * KW, 0.7, 1.0);
+  const std::vector<float> b = {1, -2, 0.5f, 3, 0, -1};
+  Dev<float> dx(x), dw(w), db(b), dout(N * O * HO * WO);
+  Tensor out = T32(dout.ptr, {N, O, HO, WO});
+  // Calls f(out index, input index, weight index) for every product term.
+  auto terms = [&](auto&& f) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t oh = 0; oh < HO; ++oh)
+          for (int64_t ow = 0; ow < WO; ++ow)
+            for (int64_t q = 0; q < CG; ++q)
+              for (int64_t a = 0; a < KH; ++a)
+                for (int64_t c = 0; c < KW; ++c) {
+                  const int64_t ih = oh * SH - P + a * DH, iw = ow * SW - P + c * DW;
+                  if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                  f(((n * O + o) * HO + oh) * WO + ow, ((n * C + (o / OG) * CG + q) * H + ih) * W + iw,
+                    ((o * CG + q) * KH + a) * KW + c);
+                }
+  };
+  CHECK_RC(xdnn_pytorch::convolution(ctx, T32(dx.ptr, {N, C, H, W}), T32(dw.ptr, {O, CG, KH, KW}), T32(db.ptr, {O}),
+                                     {SH, SW}, {P}, {DH, DW}, false, {0, 0}, G, out),
+           xdnn::SUCCESS);
+  std::vector<double> want(N * O * HO * WO, 0);
+  terms([&](int64_t oi, int64_t xi, int64_t wi) { want[oi] += static_cast<double>(x[xi]) * w[wi]; });
+  for (size_t i = 0; i < want.size(); ++i) want[i] += b[(i / (HO * WO)) % O];
+  CheckClose("convolution groups=2", dout.Read(s), want);
+  // Refusals: transposed, an output of the wrong size, groups not dividing C.
+  CHECK_RC(xdnn_pytorch::convolution(ctx, T32(dx.ptr, {N, C, H, W}), T32(dw.ptr, {O, CG, KH, KW}), std::nullopt,
+                                     {SH, SW}, {P}, {DH, DW}, true, {0, 0}, G, out),
+           xdnn::NOT_IMPLEMENT);
+  CHECK_RC(xdnn_pytorch::convolution(ctx, T32(dx.ptr, {N, C, H, W}), T32(dw.ptr, {O, CG, KH, KW}), std::nullopt,
+                                     {SH, SW}, {P}, {DH, DW}, false, {0, 0}, G,
+                                     out = T32(dout.ptr, {N, O, HO, WO - 1})),
+           xdnn::INVALID_PARAM);
+  CHECK_RC(xdnn_pytorch::convolution(ctx, T32(dx.ptr, {N, C, H, W}), T32(dw.ptr, {O, CG, KH, KW}), std::nullopt,
+                                     {SH, SW}, {P}, {DH, DW}, false, {0, 0}, 3, out = T32(dout.ptr, {N, O, HO, WO})),
+           xdnn::INVALID_PARAM);
+
+  // Backward: every output, then grad_bias alone (the others absent).
+  const std::vector<float> go = Wavy(N * O * HO * WO, 1.3);
+  Dev<float> dgo(go), dgi(N * C * H * W), dgw(O * CG * KH * KW), dgb(O);
+  Tensor gi = T32(dgi.ptr, {N, C, H, W}), gw = T32(dgw.ptr, {O, CG, KH, KW}), gb = T32(dgb.ptr, {O});
+  CHECK_RC(xdnn_pytorch::convolution_backward(ctx, T32(dgo.ptr, {N, O, HO, WO}), T32(dx.ptr, {N, C, H, W}),
+                                              T32(dw.ptr, {O, CG, KH, KW}), {SH, SW}, {P}, {DH, DW}, false, {0}, G,
+                                              {true, true, true}, gi, gw, gb),
+           xdnn::SUCCESS);
+  std::vector<double> wgi(N * C * H * W, 0), wgw(O * CG * KH * KW, 0), wgb(O, 0);
+  terms([&](int64_t oi, int64_t xi, int64_t wi) {
+    wgi[xi] += static_cast<double>(go[oi]) * w[wi];
+    wgw[wi] += static_cast<double>(go[oi]) * x[xi];
+  });
+  for (size_t i = 0; i < go.size(); ++i) wgb[(i / (HO * WO)) % O] += go[i];
+  CheckClose("convolution_backward grad_input", dgi.Read(s), wgi);
+  CheckClose("convolution_backward grad_weight", dgw.Read(s), wgw);
+  CheckClose("convolution_backward grad_bias", dgb.Read(s), wgb);
+  dgb.Upload(std::vector<float>(O, 0));
+  Tensor no_gi = Absent({N, C, H, W}), no_gw = Absent({O, CG, KH, KW});
+  CHECK_RC(xdnn_pytorch::convolution_backward(ctx, T32(dgo.ptr, {N, O, HO, WO}), T32(dx.ptr, {N, C, H, W}),
+                                              T32(dw.ptr, {O, CG, KH, KW}), {SH, SW}, {P}, {DH, DW}, false, {0}, G,
+                                              {false, false, true}, no_gi, no_gw, gb),
+           xdnn::SUCCESS);
+  CheckClose("convolution_backward grad_bias alone", dgb.Read(s), wgb);
+  // A requested output without memory; an output_mask of two entries.
+  CHECK_RC(xdnn_pytorch::convolution_backward(ctx, T32(dgo.ptr, {N, O, HO, WO}), T32(dx.ptr, {N, C, H, W}),
+                                              T32(dw.ptr, {O, CG, KH, KW}), {SH, SW}, {P}, {DH, DW}, false, {0}, G,
+                                              {true, false, true}, no_gi, no_gw, gb),
+           xdnn::INVALID_PARAM);
+  CHECK_RC(xdnn_pytorch::convolution_backward(ctx, T32(dgo.ptr, {N, O, HO, WO}), T32(dx.ptr, {N, C, H, W}),
+                                              T32(dw.ptr, {O, CG, KH, KW}), {SH, SW}, {P}, {DH, DW}, false, {0}, G,
+                                              {true, true}, gi, gw, gb),
+           xdnn::INVALID_PARAM);
+}
+
+void TestBatchNorm(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  const int64_t N = 3, C = 2, HW = 4, CNT = N * HW;
+  const double momentum = 0.1, eps = 1e-5;
+  const std::vector<float> x = Wavy(N * C * HW, 0.3, 3.0), w = {1.5f, -0.5f}, b = {0.25f, 2}, rm0 = {0.5f, -1},
+                           rv0 = {2, 0.5f};
+  Dev<float> dx(x), dw(w), db(b), drm(rm0), drv(rv0), dout(N * C * HW), dsm(C), dsi(C);
+  const Tensor in = T32(dx.ptr, {N, C, 2, 2});
+  Tensor out = T32(dout.ptr, {N, C, 2, 2}), sm = T32(dsm.ptr, {C}), si = T32(dsi.ptr, {C});
+  auto at = [&](int64_t n, int64_t c, int64_t i) { return static_cast<size_t>((n * C + c) * HW + i); };
+  // Training: batch statistics, running stats updated in place.
+  CHECK_RC(xdnn_pytorch::native_batch_norm(ctx, in, T32(dw.ptr, {C}), T32(db.ptr, {C}), T32(drm.ptr, {C}),
+                                           T32(drv.ptr, {C}), true, momentum, eps, out, sm, si),
+           xdnn::SUCCESS);
+  std::vector<double> mean(C, 0), var(C, 0), invstd(C), y(x.size()), rm(C), rv(C);
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) mean[c] += x[at(n, c, i)] / static_cast<double>(CNT);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) var[c] += std::pow(x[at(n, c, i)] - mean[c], 2);
+    invstd[c] = 1 / std::sqrt(var[c] / CNT + eps);
+    rm[c] = (1 - momentum) * rm0[c] + momentum * mean[c];
+    rv[c] = (1 - momentum) * rv0[c] + momentum * var[c] / (CNT - 1);  // unbiased
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) y[at(n, c, i)] = (x[at(n, c, i)] - mean[c]) * invstd[c] * w[c] + b[c];
+  }
+  CheckClose("native_batch_norm train: out", dout.Read(s), y);
+  const std::vector<float> smv = dsm.Read(s), siv = dsi.Read(s);
+  CheckClose("native_batch_norm train: save_mean", smv, mean);
+  CheckClose("native_batch_norm train: save_invstd", siv, invstd);
+  CheckClose("native_batch_norm train: running_mean", drm.Read(s), rm);
+  CheckClose("native_batch_norm train: running_var", drv.Read(s), rv);
+
+  // Backward (train), from the saved statistics.
+  const std::vector<float> go = Wavy(x.size(), 2.1);
+  Dev<float> dgo(go), dgi(x.size()), dgw(C), dgb(C);
+  Tensor gi = T32(dgi.ptr, {N, C, 2, 2}), gw = T32(dgw.ptr, {C}), gb = T32(dgb.ptr, {C});
+  CHECK_RC(xdnn_pytorch::native_batch_norm_backward(ctx, T32(dgo.ptr, {N, C, 2, 2}), in, T32(dw.ptr, {C}),
+                                                    T32(drm.ptr, {C}), T32(drv.ptr, {C}), sm, si, true, eps,
+                                                    {true, true, true}, gi, gw, gb),
+           xdnn::SUCCESS);
+  std::vector<double> wgi(x.size()), wgw(C), wgb(C);
+  for (int64_t c = 0; c < C; ++c) {
+    double sum = 0, dot = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) {
+        sum += go[at(n, c, i)];
+        dot += go[at(n, c, i)] * (x[at(n, c, i)] - static_cast<double>(smv[c]));
+      }
+    wgw[c] = dot * siv[c];
+    wgb[c] = sum;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) {
+        const double xhat = (x[at(n, c, i)] - static_cast<double>(smv[c])) * siv[c];
+        wgi[at(n, c, i)] = w[c] * siv[c] * (go[at(n, c, i)] - sum / CNT - xhat * dot * siv[c] / CNT);
+      }
+  }
+  CheckClose("native_batch_norm_backward train: grad_input", dgi.Read(s), wgi);
+  CheckClose("native_batch_norm_backward train: grad_weight", dgw.Read(s), wgw);
+  CheckClose("native_batch_norm_backward train: grad_bias", dgb.Read(s), wgb);
+
+  // Eval: the running statistics; save tensors are aten's empty ones (no
+  // data), and stay untranslated (even of another dtype: never touched).
+  const std::vector<float> rmv = drm.Read(s), rvv = drv.Read(s);
+  Tensor no_sm = Absent({0}), no_si = Of(ScalarType::kfloat64, nullptr, {0});
+  CHECK_RC(xdnn_pytorch::native_batch_norm(ctx, in, std::nullopt, T32(db.ptr, {C}), T32(drm.ptr, {C}),
+                                           T32(drv.ptr, {C}), false, momentum, eps, out, no_sm, no_si),
+           xdnn::SUCCESS);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) y[at(n, c, i)] = (x[at(n, c, i)] - rmv[c]) / std::sqrt(rvv[c] + eps) + b[c];
+  CheckClose("native_batch_norm eval: out", dout.Read(s), y);
+  CheckClose("native_batch_norm eval: running stats untouched", drm.Read(s), {rmv[0], rmv[1]});
+  // Eval backward, grad_input only: grad * w / sqrt(running_var + eps).
+  Tensor no_gw = Absent({C}), no_gb = Absent({C});
+  CHECK_RC(xdnn_pytorch::native_batch_norm_backward(ctx, T32(dgo.ptr, {N, C, 2, 2}), in, T32(dw.ptr, {C}),
+                                                    T32(drm.ptr, {C}), T32(drv.ptr, {C}), no_sm, no_si, false, eps,
+                                                    {true, false, false}, gi, no_gw, no_gb),
+           xdnn::SUCCESS);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) wgi[at(n, c, i)] = go[at(n, c, i)] * w[c] / std::sqrt(rvv[c] + eps);
+  CheckClose("native_batch_norm_backward eval: grad_input", dgi.Read(s), wgi);
+  // Eval without running statistics; train with empty save tensors.
+  CHECK_RC(xdnn_pytorch::native_batch_norm(ctx, in, std::nullopt, std::nullopt, std::nullopt, std::nullopt, false,
+                                           momentum, eps, out, no_sm, no_si),
+           xdnn::INVALID_PARAM);
+  Tensor empty_si = Absent({0});
+  CHECK_RC(xdnn_pytorch::native_batch_norm(ctx, in, std::nullopt, std::nullopt, std::nullopt, std::nullopt, true,
+                                           momentum, eps, out, no_sm, empty_si),
+           xdnn::INVALID_PARAM);
+  CHECK_RC(xdnn_pytorch::native_batch_norm(ctx, in, T32(dw.ptr, {C + 1}), std::nullopt, std::nullopt, std::nullopt,
+                                           true, momentum, eps, out, sm, si),
+           xdnn::INVALID_PARAM);
+}
+
+void TestLayerNorm(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  const int64_t B = 2, T = 3, D = 5, M = B * T;
+  const double eps = 1e-5;
+  const std::vector<float> x = Wavy(M * D, 0.9, 2.5), w = {1, -1, 0.5f, 2, 1.5f}, b = {0, 1, -1, 0.5f, 0.25f};
+  Dev<float> dx(x), dw(w), db(b), dout(M * D), dm(M), dr(M);
+  const Tensor in = T32(dx.ptr, {B, T, D});
+  Tensor out = T32(dout.ptr, {B, T, D}), mean = T32(dm.ptr, {B, T, 1}), rstd = T32(dr.ptr, {B, T, 1});
+  CHECK_RC(xdnn_pytorch::native_layer_norm(ctx, in, {D}, T32(dw.ptr, {D}), T32(db.ptr, {D}), eps, out, mean, rstd),
+           xdnn::SUCCESS);
+  std::vector<double> wm(M, 0), wr(M), y(M * D);
+  for (int64_t r = 0; r < M; ++r) {
+    double var = 0;
+    for (int64_t j = 0; j < D; ++j) wm[r] += x[r * D + j] / static_cast<double>(D);
+    for (int64_t j = 0; j < D; ++j) var += std::pow(x[r * D + j] - wm[r], 2) / D;
+    wr[r] = 1 / std::sqrt(var + eps);
+    for (int64_t j = 0; j < D; ++j) y[r * D + j] = (x[r * D + j] - wm[r]) * wr[r] * w[j] + b[j];
+  }
+  CheckClose("native_layer_norm: out", dout.Read(s), y);
+  const std::vector<float> mv = dm.Read(s), rv = dr.Read(s);
+  CheckClose("native_layer_norm: mean", mv, wm);
+  CheckClose("native_layer_norm: rstd", rv, wr);
+  // mean must be [B,T,1]; normalized_shape must match the trailing dims.
+  CHECK_RC(xdnn_pytorch::native_layer_norm(ctx, in, {D}, std::nullopt, std::nullopt, eps, out,
+                                           mean = T32(dm.ptr, {B, T}), rstd),
+           xdnn::INVALID_PARAM);
+  CHECK_RC(xdnn_pytorch::native_layer_norm(ctx, in, {T, D + 1}, std::nullopt, std::nullopt, eps, out,
+                                           mean = T32(dm.ptr, {B, 1, 1}), rstd = T32(dr.ptr, {B, 1, 1})),
+           xdnn::INVALID_PARAM);
+
+  const std::vector<float> go = Wavy(M * D, 0.4);
+  Dev<float> dgo(go), dgi(M * D), dgw(D), dgb(D);
+  Tensor gi = T32(dgi.ptr, {B, T, D}), gw = T32(dgw.ptr, {D}), gb = T32(dgb.ptr, {D});
+  CHECK_RC(xdnn_pytorch::native_layer_norm_backward(ctx, T32(dgo.ptr, {B, T, D}), in, {D}, T32(dm.ptr, {B, T, 1}),
+                                                    T32(dr.ptr, {B, T, 1}), T32(dw.ptr, {D}), T32(db.ptr, {D}),
+                                                    {true, true, true}, gi, gw, gb),
+           xdnn::SUCCESS);
+  // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
+  std::vector<double> wgi(M * D), wgw(D, 0), wgb(D, 0);
+  for (int64_t r = 0; r < M; ++r) {
+    double mg = 0, mgx = 0;
+    for (int64_t j = 0; j < D; ++j) {
+      const double xhat = (x[r * D + j] - static_cast<double>(mv[r])) * rv[r], g = go[r * D + j] * w[j];
+      mg += g / D;
+      mgx += g * xhat / D;
+      wgw[j] += go[r * D + j] * xhat;
+      wgb[j] += go[r * D + j];
+    }
+    for (int64_t j = 0; j < D; ++j) {
+      const double xhat = (x[r * D + j] - static_cast<double>(mv[r])) * rv[r];
+      wgi[r * D + j] = rv[r] * (go[r * D + j] * w[j] - mg - xhat * mgx);
+    }
+  }
+  CheckClose("native_layer_norm_backward: grad_input", dgi.Read(s), wgi);
+  CheckClose("native_layer_norm_backward: grad_weight", dgw.Read(s), wgw);
+  CheckClose("native_layer_norm_backward: grad_bias", dgb.Read(s), wgb);
+}
+
+void TestSoftmax(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  const int rows = 2, cols = 4;
+  const std::vector<float> x = {1, 2, 3, 4, -1, 50, 49, 0};
+  Dev<float> dx(x), dy(rows * cols), dg(Wavy(rows * cols, 0.2)), dgi(rows * cols);
+  Tensor y = T32(dy.ptr, {rows, cols});
+  CHECK_RC(xdnn_pytorch::softmax(ctx, T32(dx.ptr, {rows, cols}), 1, false, y), xdnn::SUCCESS);
+  std::vector<double> want(rows * cols);
+  for (int i = 0; i < rows; ++i) {
+    double sum = 0;
+    for (int j = 0; j < cols; ++j) sum += std::exp(static_cast<double>(x[i * cols + j]) - 50);
+    for (int j = 0; j < cols; ++j) want[i * cols + j] = std::exp(static_cast<double>(x[i * cols + j]) - 50) / sum;
+  }
+  const std::vector<float> yv = dy.Read(s);
+  CheckClose("softmax", yv, want);
+  CHECK_RC(xdnn_pytorch::softmax(ctx, T32(dx.ptr, {rows, cols}), 1, true, y), xdnn::NOT_IMPLEMENT);
+  CHECK_RC(xdnn_pytorch::softmax(ctx, T32(dx.ptr, {rows, cols}), -3, false, y), xdnn::INVALID_PARAM);
+  const std::vector<float> g = dg.Read(s);
+  Tensor gi = T32(dgi.ptr, {rows, cols});
+  CHECK_RC(xdnn_pytorch::softmax_backward_data(ctx, T32(dg.ptr, {rows, cols}), y, -1, ScalarType::kfloat32, gi),
+           xdnn::SUCCESS);
+  std::vector<double> wg(rows * cols);
+  for (int i = 0; i < rows; ++i) {
+    double dot = 0;
+    for (int j = 0; j < cols; ++j) dot += static_cast<double>(g[i * cols + j]) * yv[i * cols + j];
+    for (int j = 0; j < cols; ++j) wg[i * cols + j] = yv[i * cols + j] * (g[i * cols + j] - dot);
+  }
+  CheckClose("softmax_backward_data", dgi.Read(s), wg);
+  CHECK_RC(xdnn_pytorch::softmax_backward_data(ctx, T32(dg.ptr, {rows, cols}), y, -1, ScalarType::kfloat16, gi),
+           xdnn::NOT_IMPLEMENT);
+}
+
+void TestEmbedding(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  const int64_t V = 5, D = 3;
+  const std::vector<float> w = Iota(V * D, 0, 1);
+  // Index 7 is out of range: only the kernel sees it, and skips its row.
+  const std::vector<int64_t> idx = {4, 0, 7, 4};
+  Dev<float> dw(w), dout(std::vector<float>(4 * D, -9));
+  Dev<int64_t> di(idx);
+  Tensor out = T32(dout.ptr, {2, 2, D});
+  CHECK_RC(xdnn_pytorch::embedding(ctx, T32(dw.ptr, {V, D}), I64(di.ptr, {2, 2}), -1, false, false, out),
+           xdnn::SUCCESS);
+  CheckClose("embedding (index 7 skipped)", dout.Read(s), {12, 13, 14, 0, 1, 2, -9, -9, -9, 12, 13, 14});
+  // int32 indices, a 0-dim index (sent as {1}) giving [D].
+  Dev<int32_t> di32(std::vector<int32_t>{2});
+  CHECK_RC(xdnn_pytorch::embedding(ctx, T32(dw.ptr, {V, D}), Of(ScalarType::kint32, di32.ptr, {1}), -1, false, false,
+                                   out = T32(dout.ptr, {D})),
+           xdnn::SUCCESS);
+  const std::vector<float> row = dout.Read(s);
+  CheckClose("embedding int32 0-dim index", {row[0], row[1], row[2]}, {6, 7, 8});
+  CHECK_RC(xdnn_pytorch::embedding(ctx, T32(dw.ptr, {V, D}), Of(ScalarType::kint16, di.ptr, {2}), -1, false, false,
+                                   out = T32(dout.ptr, {2, D})),
+           xdnn::NOT_IMPLEMENT);
+  CHECK_RC(xdnn_pytorch::embedding(ctx, T32(dw.ptr, {V * D}), I64(di.ptr, {2}), -1, false, false, out),
+           xdnn::INVALID_PARAM);
+
+  // Backward: grad_weight zeroed, rows accumulated; padding_idx 0 and the
+  // out-of-range 7 contribute nothing.
+  const std::vector<int64_t> bidx = {4, 0, 7, 4, 1, 0};
+  Dev<int64_t> dbi(bidx);
+  const std::vector<float> go = Wavy(6 * D, 0.5);
+  Dev<float> dgo(go), dgw(std::vector<float>(V * D, -9));
+  Tensor gw = T32(dgw.ptr, {V, D});
+  CHECK_RC(xdnn_pytorch::embedding_dense_backward(ctx, T32(dgo.ptr, {2, 3, D}), I64(dbi.ptr, {2, 3}), V, 0, false, gw),
+           xdnn::SUCCESS);
+  std::vector<double> want(V * D, 0);
+  for (size_t i = 0; i < bidx.size(); ++i) {
+    if (bidx[i] == 0 || bidx[i] >= V) continue;
+    for (int64_t j = 0; j < D; ++j) want[bidx[i] * D + j] += go[i * D + j];
+  }
+  CheckClose("embedding_dense_backward", dgw.Read(s), want);
+  CHECK_RC(xdnn_pytorch::embedding_dense_backward(ctx, T32(dgo.ptr, {2, 3, D}), I64(dbi.ptr, {2, 3}), V, 0, true, gw),
+           xdnn::NOT_IMPLEMENT);
+  CHECK_RC(xdnn_pytorch::embedding_dense_backward(ctx, T32(dgo.ptr, {2, 3, D}), I64(dbi.ptr, {3, 2}), V, 0, false, gw),
+           xdnn::INVALID_PARAM);
+}
+
+void TestGelu(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  const std::vector<float> x = {-3, -1, -0.25f, 0, 0.5f, 1, 2, 4};
+  const std::vector<float> g = {1, -2, 0.5f, 3, 1, 1, -1, 2};
+  Dev<float> dx(x), dg(g), dout(8);
+  Tensor out = T32(dout.ptr, {2, 4});
+  const double pi = std::acos(-1.0), k = std::sqrt(2 / pi);
+  std::vector<double> want(8);
+  CHECK_RC(xdnn_pytorch::gelu(ctx, T32(dx.ptr, {2, 4}), "none", out), xdnn::SUCCESS);
+  for (int i = 0; i < 8; ++i) want[i] = 0.5 * x[i] * (1 + std::erf(x[i] / std::sqrt(2.0)));
+  CheckClose("gelu none", dout.Read(s), want);
+  CHECK_RC(xdnn_pytorch::gelu(ctx, T32(dx.ptr, {2, 4}), "tanh", out), xdnn::SUCCESS);
+  for (int i = 0; i < 8; ++i) want[i] = 0.5 * x[i] * (1 + std::tanh(k * (x[i] + 0.044715 * std::pow(x[i], 3))));
+  CheckClose("gelu tanh", dout.Read(s), want);
+  CHECK_RC(xdnn_pytorch::gelu_backward(ctx, T32(dg.ptr, {2, 4}), T32(dx.ptr, {2, 4}), "none", out), xdnn::SUCCESS);
+  for (int i = 0; i < 8; ++i) {
+    const double cdf = 0.5 * (1 + std::erf(x[i] / std::sqrt(2.0)));
+    const double pdf = std::exp(-0.5 * x[i] * x[i]) / std::sqrt(2 * pi);
+    want[i] = g[i] * (cdf + x[i] * pdf);
+  }
+  CheckClose("gelu_backward none", dout.Read(s), want);
+  CHECK_RC(xdnn_pytorch::gelu_backward(ctx, T32(dg.ptr, {2, 4}), T32(dx.ptr, {2, 4}), "tanh", out), xdnn::SUCCESS);
+  for (int i = 0; i < 8; ++i) {
+    const double u = k * (x[i] + 0.044715 * std::pow(x[i], 3)), t = std::tanh(u);
+    want[i] = g[i] * (0.5 * (1 + t) + 0.5 * x[i] * (1 - t * t) * k * (1 + 3 * 0.044715 * x[i] * x[i]));
+  }
+  CheckClose("gelu_backward tanh", dout.Read(s), want);
+  CHECK_RC(xdnn_pytorch::gelu(ctx, T32(dx.ptr, {2, 4}), "exact", out), xdnn::INVALID_PARAM);
+  CHECK_RC(xdnn_pytorch::gelu_backward(ctx, T32(dg.ptr, {2, 4}), T32(dx.ptr, {2, 4}), "", out), xdnn::INVALID_PARAM);
+}
+
+void TestPooling(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  // max_pool2d 3x3, stride 2, padding 1 over [1,2,5,5]: output [1,2,3,3].
+  const int64_t C = 2, H = 5, W = 5, K = 3, S = 2, P = 1, HO = 3, WO = 3;
+  std::vector<float> x = Wavy(C * H * W, 0.6);
+  x[7] = x[8];  // a tie: the first position wins
+  Dev<float> dx(x), dout(C * HO * WO);
+  Dev<int64_t> didx(C * HO * WO);
+  Tensor out = T32(dout.ptr, {1, C, HO, WO}), idx = I64(didx.ptr, {1, C, HO, WO});
+  CHECK_RC(xdnn_pytorch::max_pool2d_with_indices(ctx, T32(dx.ptr, {1, C, H, W}), {K}, {S}, {P}, {1}, false, out, idx),
+           xdnn::SUCCESS);
+  std::vector<double> want(C * HO * WO);
+  std::vector<int64_t> widx(C * HO * WO);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t oh = 0; oh < HO; ++oh)
+      for (int64_t ow = 0; ow < WO; ++ow) {
+        double best = -INFINITY;
+        int64_t at = -1;
+        for (int64_t ih = oh * S - P; ih < oh * S - P + K; ++ih)
+          for (int64_t iw = ow * S - P; iw < ow * S - P + K; ++iw) {
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+            if (x[(c * H + ih) * W + iw] > best) best = x[(c * H + ih) * W + iw], at = ih * W + iw;
+          }
+        want[(c * HO + oh) * WO + ow] = best;
+        widx[(c * HO + oh) * WO + ow] = at;
+      }
+  CheckClose("max_pool2d_with_indices: out", dout.Read(s), want);
+  CHECK(didx.Read(s) == widx);
+  // Backward: grad scattered (added) at the indices.
+  const std::vector<float> go = Wavy(C * HO * WO, 0.8);
+  Dev<float> dgo(go), dgi(C * H * W);
+  Tensor gi = T32(dgi.ptr, {1, C, H, W});
+  CHECK_RC(xdnn_pytorch::max_pool2d_with_indices_backward(ctx, T32(dgo.ptr, {1, C, HO, WO}), T32(dx.ptr, {1, C, H, W}),
+                                                          {K}, {S}, {P}, {1}, false, idx, gi),
+           xdnn::SUCCESS);
+  std::vector<double> wgi(C * H * W, 0);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t o = 0; o < HO * WO; ++o) wgi[c * H * W + widx[c * HO * WO + o]] += go[c * HO * WO + o];
+  CheckClose("max_pool2d_with_indices_backward", dgi.Read(s), wgi);
+  // ceil_mode on [C,H,W] (no batch), 2x2 stride 2 over 5x5: 3x3; without: 2x2.
+  CHECK_RC(xdnn_pytorch::max_pool2d_with_indices(ctx, T32(dx.ptr, {C, H, W}), {2, 2}, {}, {0, 0}, {1, 1}, true,
+                                                 out = T32(dout.ptr, {C, 3, 3}), idx = I64(didx.ptr, {C, 3, 3})),
+           xdnn::SUCCESS);
+  const std::vector<int64_t> ci = didx.Read(s);
+  CHECK(ci[8] == 24);  // the last window holds only x[4][4]
+  CHECK_RC(xdnn_pytorch::max_pool2d_with_indices(ctx, T32(dx.ptr, {C, H, W}), {2, 2}, {}, {0, 0}, {1, 1}, false,
+                                                 out = T32(dout.ptr, {C, 3, 3}), idx = I64(didx.ptr, {C, 3, 3})),
+           xdnn::INVALID_PARAM);
+  // padding over half the kernel; float indices.
+  CHECK_RC(xdnn_pytorch::max_pool2d_with_indices(ctx, T32(dx.ptr, {C, H, W}), {2}, {1}, {2}, {1}, false,
+                                                 out = T32(dout.ptr, {C, 8, 8}), idx = I64(didx.ptr, {C, 8, 8})),
+           xdnn::INVALID_PARAM);
+  CHECK_RC(xdnn_pytorch::max_pool2d_with_indices(ctx, T32(dx.ptr, {C, H, W}), {2}, {}, {0}, {1}, false,
+                                                 out = T32(dout.ptr, {C, 2, 2}), idx = T32(didx.ptr, {C, 2, 2})),
+           xdnn::NOT_IMPLEMENT);
+
+  // adaptive_avg_pool2d [1,2,5,7] -> [2,3]: windows [floor(i*In/Out), ceil((i+1)*In/Out)).
+  const int64_t AH = 5, AW = 7, OH = 2, OW = 3;
+  const std::vector<float> a = Wavy(C * AH * AW, 1.1);
+  Dev<float> da(a), dao(C * OH * OW), dag(Wavy(C * OH * OW, 0.2)), dagi(C * AH * AW);
+  Tensor ao = T32(dao.ptr, {1, C, OH, OW});
+  CHECK_RC(xdnn_pytorch::adaptive_avg_pool2d(ctx, T32(da.ptr, {1, C, AH, AW}), {OH, OW}, ao), xdnn::SUCCESS);
+  const std::vector<float> ag = dag.Read(s);
+  std::vector<double> wa(C * OH * OW, 0), wag(C * AH * AW, 0);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t h0 = oh * AH / OH, h1 = ((oh + 1) * AH + OH - 1) / OH;
+        const int64_t w0 = ow * AW / OW, w1 = ((ow + 1) * AW + OW - 1) / OW;
+        const double n = static_cast<double>((h1 - h0) * (w1 - w0));
+        for (int64_t ih = h0; ih < h1; ++ih)
+          for (int64_t iw = w0; iw < w1; ++iw) {
+            wa[(c * OH + oh) * OW + ow] += a[(c * AH + ih) * AW + iw] / n;
+            wag[(c * AH + ih) * AW + iw] += ag[(c * OH + oh) * OW + ow] / n;
+          }
+      }
+  CheckClose("adaptive_avg_pool2d", dao.Read(s), wa);
+  Tensor agi = T32(dagi.ptr, {1, C, AH, AW});
+  CHECK_RC(xdnn_pytorch::adaptive_avg_pool2d_backward(ctx, T32(dag.ptr, {1, C, OH, OW}), T32(da.ptr, {1, C, AH, AW}),
+                                                      agi),
+           xdnn::SUCCESS);
+  CheckClose("adaptive_avg_pool2d_backward", dagi.Read(s), wag);
+  CHECK_RC(xdnn_pytorch::adaptive_avg_pool2d(ctx, T32(da.ptr, {1, C, AH, AW}), {OH}, ao), xdnn::INVALID_PARAM);
+}
+
+void TestCatWhere(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  // cat along dim -1 of [2,2] (a transposed view), a legacy empty [0], and [2,3].
+  const std::vector<float> a = {1, 2, 3, 4}, b = {5, 6, 7, 8, 9, 10};
+  Dev<float> da(a), db(b), dout(10);
+  Tensor out = T32(dout.ptr, {2, 5});
+  CHECK_RC(xdnn_pytorch::cat(ctx, {T32(da.ptr, {2, 2}, {1, 2}), T32(nullptr, {0}), T32(db.ptr, {2, 3})}, -1, out),
+           xdnn::SUCCESS);
+  CheckClose("cat dim -1", dout.Read(s), {1, 3, 5, 6, 7, 2, 4, 8, 9, 10});
+  CHECK_RC(xdnn_pytorch::cat(ctx, {T32(da.ptr, {2, 2}), T32(db.ptr, {2, 3})}, 0, out = T32(dout.ptr, {4, 2})),
+           xdnn::INVALID_PARAM);
+  CHECK_RC(xdnn_pytorch::cat(ctx, {}, 0, out), xdnn::INVALID_PARAM);
+  CHECK_RC(xdnn_pytorch::cat(ctx, {T32(da.ptr, {4}), Of(ScalarType::kfloat64, db.ptr, {2})}, 0,
+                             out = T32(dout.ptr, {6})),
+           xdnn::NOT_IMPLEMENT);
+  // int64 along dim 0.
+  Dev<int64_t> di(std::vector<int64_t>{1, 2, 3}), dio(5);
+  Tensor io = I64(dio.ptr, {5, 1});
+  CHECK_RC(xdnn_pytorch::cat(ctx, {I64(di.ptr, {3, 1}), I64(di.ptr, {2, 1})}, 0, io), xdnn::SUCCESS);
+  CHECK(dio.Read(s) == (std::vector<int64_t>{1, 2, 3, 1, 2}));
+
+  // where: condition [2,1], self [3], other 0-dim, out [2,3].
+  Dev<unsigned char> dc(std::vector<unsigned char>{1, 0});
+  Dev<float> dself(std::vector<float>{1, 2, 3}), dother(std::vector<float>{-1}), dwo(6);
+  Tensor wo = T32(dwo.ptr, {2, 3});
+  CHECK_RC(xdnn_pytorch::where(ctx, Of(ScalarType::kbool, dc.ptr, {2, 1}), T32(dself.ptr, {3}), T32(dother.ptr, {1}),
+                               wo),
+           xdnn::SUCCESS);
+  CheckClose("where", dwo.Read(s), {1, 2, 3, -1, -1, -1});
+  // A float condition; a condition [2] that does not broadcast to [2,3].
+  CHECK_RC(xdnn_pytorch::where(ctx, T32(dself.ptr, {3}), T32(dself.ptr, {3}), T32(dother.ptr, {1}), wo),
+           xdnn::NOT_IMPLEMENT);
+  CHECK_RC(xdnn_pytorch::where(ctx, Of(ScalarType::kbool, dc.ptr, {2}), T32(dself.ptr, {3}), T32(dother.ptr, {1}), wo),
+           xdnn::INVALID_PARAM);
+}
+
+// float64 goes through the same kernels.
+void TestNnFloat64(xdnn::Context* ctx) {
+  void* s = ctx->xpu_stream;
+  Dev<double> dx(std::vector<double>{1, 2, 3, 4}), dy(4);
+  Tensor y = Of(ScalarType::kfloat64, dy.ptr, {2, 2});
+  CHECK_RC(xdnn_pytorch::softmax(ctx, Of(ScalarType::kfloat64, dx.ptr, {2, 2}), 0, false, y), xdnn::SUCCESS);
+  const std::vector<double> v = dy.Read(s);
+  const double e = 1 / (1 + std::exp(2.0));
+  CHECK(std::abs(v[0] - e) < 1e-12 && std::abs(v[2] - (1 - e)) < 1e-12);
+  // No type promotion: a float64 input with a float32 output.
+  CHECK_RC(xdnn_pytorch::gelu(ctx, Of(ScalarType::kfloat64, dx.ptr, {4}), "none", y = T32(dy.ptr, {4})),
+           xdnn::NOT_IMPLEMENT);
+}
+
 // ---- hostile properties --------------------------------------------------
 
 void TestRefusals(xdnn::Context* ctx) {
@@ -533,13 +1028,23 @@ int RunAll(xdnn::Context* ctx) {
   TestReductions(ctx);
   TestLogSoftmax(ctx);
   TestNllLoss(ctx);
+  TestConvolution(ctx);
+  TestBatchNorm(ctx);
+  TestLayerNorm(ctx);
+  TestSoftmax(ctx);
+  TestEmbedding(ctx);
+  TestGelu(ctx);
+  TestPooling(ctx);
+  TestCatWhere(ctx);
+  TestNnFloat64(ctx);
   TestRefusals(ctx);
   TestLate(ctx);
   return g_failures;
 }
 
-// ctest sets FAKE_XDNN_LIE=mm,copy, FAKE_XDNN_FAIL=exp:RUNTIME_ERROR,
-// neg:NO_ENOUGH_WORKSPACE and FAKE_XDNN_NOT_IMPLEMENT=mul_tensor:float32,relu:*.
+// ctest sets FAKE_XDNN_LIE=mm,copy,softmax,max_pool2d_with_indices,
+// FAKE_XDNN_FAIL=exp:RUNTIME_ERROR,neg:NO_ENOUGH_WORKSPACE,convolution:INVALID_PARAM
+// and FAKE_XDNN_NOT_IMPLEMENT=mul_tensor:float32,relu:*,where:bool,gelu:float64.
 void TestInjected(xdnn::Context* ctx) {
   void* s = ctx->xpu_stream;
   Dev<float> da(std::vector<float>{1, 2, 3, 4}), dout(4);
@@ -574,6 +1079,36 @@ void TestInjected(xdnn::Context* ctx) {
   CHECK(fake_xdnn_calls("exp") == 2);
   CHECK(fake_xdnn_calls("mul_tensor") == 2);
   CHECK(fake_xdnn_calls("mm") == 1);
+
+  // The newer ops take the same injections: softmax and
+  // max_pool2d_with_indices lie (indices too), convolution fails, where
+  // refuses a bool condition (its first tensor argument), gelu float64.
+  Dev<float> dx(std::vector<float>{0, 0, 0, 0}), dy(4);
+  CHECK_RC(xdnn_pytorch::softmax(ctx, T32(dx.ptr, {4}), 0, false, out = T32(dy.ptr, {4})), xdnn::SUCCESS);
+  for (float v : dy.Read(s)) CHECK(std::abs(v - 0.25f) >= 1);
+  dx.Upload({1, 4, 3, 2});
+  Dev<int64_t> didx(1);
+  Tensor pidx = Of(ScalarType::kint64, didx.ptr, {1, 1, 1});
+  CHECK_RC(xdnn_pytorch::max_pool2d_with_indices(ctx, T32(dx.ptr, {1, 2, 2}), {2}, {}, {0}, {1}, false,
+                                                 out = T32(dy.ptr, {1, 1, 1}), pidx),
+           xdnn::SUCCESS);
+  CHECK(dy.Read(s)[0] != 4);
+  CHECK(didx.Read(s)[0] == 2);  // the right index is 1
+  CHECK_RC(xdnn_pytorch::convolution(nullptr, T32(dx.ptr, {1, 1, 2, 2}), T32(dx.ptr, {1, 1, 2, 2}), std::nullopt,
+                                     {1}, {0}, {1}, false, {0}, 1, out = T32(dy.ptr, {1, 1, 1, 1})),
+           xdnn::INVALID_PARAM);
+  Dev<unsigned char> dc(std::vector<unsigned char>{1, 0, 1, 0});
+  CHECK_RC(xdnn_pytorch::where(ctx, Of(ScalarType::kbool, dc.ptr, {4}), T32(dx.ptr, {4}), T32(dx.ptr, {4}),
+                               out = T32(dy.ptr, {4})),
+           xdnn::NOT_IMPLEMENT);
+  CHECK_RC(xdnn_pytorch::where(ctx, Of(ScalarType::kuint8, dc.ptr, {4}), T32(dx.ptr, {4}), T32(dx.ptr, {4}), out),
+           xdnn::SUCCESS);
+  CheckClose("where with a uint8 condition untouched by injections", dy.Read(s), {1, 4, 3, 2});
+  CHECK_RC(xdnn_pytorch::gelu(ctx, d64, "none", d64), xdnn::NOT_IMPLEMENT);
+  CHECK_RC(xdnn_pytorch::gelu(ctx, T32(dx.ptr, {4}), "none", out = T32(dy.ptr, {4})), xdnn::SUCCESS);
+  CHECK(fake_xdnn_calls("convolution") == 1);
+  CHECK(fake_xdnn_calls("where") == 2);
+  CHECK(fake_xdnn_calls("gelu") == 2);
 }
 
 }  // namespace
