@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "execution/worker_pool.h"
 
 namespace flagos::daemon {
 
@@ -44,9 +45,12 @@ absl::Status HostMirror::Fetch() {
     bytes_fetched_ += nbytes;
     any_read = true;
   }
-  // The kernel runs on the host next: the bytes must have arrived.
-  if (any_read) return runtime_.SynchronizeStream(device_, stream_);
-  return absl::OkStatus();
+  // The kernel runs on the host next: the bytes must have arrived. A slow
+  // device keeps this job waiting, so it waits as a blocked job: its pool
+  // runs the other streams' jobs on a spare thread meanwhile (worker_pool.h).
+  if (!any_read) return absl::OkStatus();
+  WorkerPool::Blocking blocking;
+  return runtime_.SynchronizeStream(device_, stream_);
 }
 
 char* HostMirror::Allocate(uint64_t nbytes) {

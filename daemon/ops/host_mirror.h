@@ -8,7 +8,9 @@
 //
 // Completion (flagos/runtime.h): Fetch issues the device→host copies on the
 // op's stream and waits for that stream, so the kernel reads bytes the
-// device has finished writing. WriteBack issues the host→device copies and
+// device has finished writing. On a worker of a WorkerPool it waits inside a
+// WorkerPool::Blocking scope: however slow the device, a waiting fallback op
+// does not keep the pool's other streams from running. WriteBack issues the host→device copies and
 // hands the buffers to a host function on the stream: they are released
 // when the device has read them, never earlier.
 //

@@ -18,7 +18,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "cpu_runtime.h"
+#include "delegating_runtime.h"
+#include "execution/worker_pool.h"
 #ifdef FLAGOS_FAKE_XPU_ROOT
 #include "kunlunxin_runtime.h"
 #endif
@@ -324,6 +328,46 @@ TEST_P(HostMirrorTest, FetchReturnsTheRuntimesErrorForAStreamThatDoesNotExist) {
   const absl::Status status = mirror.Fetch();
   EXPECT_FALSE(status.ok());
   EXPECT_EQ(mirror.bytes_fetched(), 0u);
+}
+
+// A device that completes the fallback op's copies only once another job
+// of the same one-worker pool has run: its stream synchronisation waits for
+// `released`. If the waiting fallback op held the pool's only worker, the
+// other job could never run (and this test would time out, failing).
+class GatedRuntime : public DelegatingRuntime {
+ public:
+  using DelegatingRuntime::DelegatingRuntime;
+  absl::Status SynchronizeStream(int device, StreamHandle stream) override {
+    if (!released.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+      return absl::DeadlineExceededError("the other job never ran");
+    }
+    return inner().SynchronizeStream(device, stream);
+  }
+  absl::Notification released;
+};
+
+TEST(HostMirrorWorkerTest, AFetchWaitingForTheDeviceLeavesThePoolToOtherStreams) {
+  absl::StatusOr<std::unique_ptr<DeviceRuntime>> cpu = Cpu().create();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  GatedRuntime runtime(*std::move(cpu));
+  absl::StatusOr<DevicePtr> ptr = runtime.Malloc(0, 4096);
+  ASSERT_TRUE(ptr.ok()) << ptr.status();
+  absl::Status fetched = absl::UnknownError("not run");
+  absl::Notification fetch_done;
+  {
+    WorkerPool pool("test", /*workers=*/1);
+    pool.Schedule([&] {
+      HostMirror mirror(runtime, 0, /*stream=*/0);
+      mirror.Add(*ptr, 4096, /*read=*/true);
+      fetched = mirror.Fetch();
+      fetch_done.Notify();
+    });
+    // The fallback op's job holds the only worker; this one runs beside it.
+    pool.Schedule([&] { runtime.released.Notify(); });
+    EXPECT_TRUE(fetch_done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  }
+  EXPECT_TRUE(fetched.ok()) << fetched;
+  EXPECT_TRUE(runtime.Free(0, *ptr).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HostMirrorTest, ::testing::ValuesIn(Runtimes()),
