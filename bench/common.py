@@ -60,6 +60,19 @@ def seconds(fn: Callable[[], object]) -> float:
     return now() - start
 
 
+def stop_process(proc) -> None:
+    """SIGTERM to a daemon the benchmark started, SIGKILL after 15 s."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def synchronize(device) -> None:
     """Waits for all work queued on `device` (a no-op on the CPU)."""
     import torch

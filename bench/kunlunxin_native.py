@@ -34,7 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, Context, Row, standalone
+from common import REPO, Context, Row, standalone, stop_process
 
 SECTION = "8. kunlunxin native route (MLP + Adam step)"
 NATIVE_SHARE_GOAL = 0.9
@@ -131,13 +131,7 @@ class _Daemon:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def _measure(workdir: Path, name: str, extra: list[str], steps: int) -> dict:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, Context, Row, median, standalone
+from common import REPO, Context, Row, median, standalone, stop_process
 
 SECTION = "7. TCP on loopback"
 ITEM_GOAL = 2.0  # .item() <= 2 x a raw TCP ping-pong
@@ -131,13 +131,7 @@ class _Daemon:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 class _Worker:

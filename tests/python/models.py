@@ -95,9 +95,13 @@ class SmallCNN(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(4, 8, 3, padding=1)
+        # No bias before batch norm (as ResNet): batch norm cancels it, so its
+        # gradient is zero up to rounding, which Adam scales up to steps of
+        # either sign: kernels that round differently (a device's) would
+        # disagree on it without either being wrong.
+        self.conv1 = nn.Conv2d(4, 8, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(8)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(8)
         self.dropout = nn.Dropout(0.3)
         self.fc = nn.Linear(8 * 2 * 2, 5)

@@ -283,34 +283,31 @@ int ForeachLerpScalar(Invocation& c) {
     return XDNN_CALL(c, lerp_scalar, self[k], end[k], weight, self[k]);
   });
 }
-int ForeachAddcmulScalar(Invocation& c) {
-  std::vector<Tensor> self = SameDtypeList(c, 0);
-  std::vector<Tensor> t1 = c.Tensors(1), t2 = c.Tensors(2);
-  const Scalar value = c.Scalar(3);
-  if (t1.size() != self.size() || t2.size() != self.size()) throw Decline{"list lengths"};
-  return ForEach(c, self.size(), [&](size_t k) {
-    return XDNN_CALL(c, addcmul, self[k], t1[k], t2[k], value, self[k]);
-  });
-}
-int ForeachAddcdivScalar(Invocation& c) {
-  std::vector<Tensor> self = SameDtypeList(c, 0);
-  std::vector<Tensor> t1 = c.Tensors(1), t2 = c.Tensors(2);
-  const Scalar value = c.Scalar(3);
-  if (t1.size() != self.size() || t2.size() != self.size()) throw Decline{"list lengths"};
-  return ForEach(c, self.size(), [&](size_t k) {
-    return XDNN_CALL(c, addcdiv, self[k], t1[k], t2[k], value, self[k]);
-  });
-}
-int ForeachAddcdivScalarList(Invocation& c) {
+// _foreach_addcmul_ / _foreach_addcdiv_(self[], tensor1[], tensor2[],
+// value or values[]): `call` per element, in place.
+using PointwiseCall = int (*)(xdnn::Context*, const Tensor&, const Tensor&, const Tensor&,
+                              const Scalar&, Tensor&);
+int ForeachPointwise(Invocation& c, PointwiseCall call, const char* name, bool scalar_list) {
   std::vector<Tensor> self = SameDtypeList(c, 0);
   std::vector<Tensor> t1 = c.Tensors(1), t2 = c.Tensors(2);
   if (t1.size() != self.size() || t2.size() != self.size() ||
-      c.ScalarCount(3) != static_cast<int64_t>(self.size())) {
+      (scalar_list && c.ScalarCount(3) != static_cast<int64_t>(self.size()))) {
     throw Decline{"list lengths"};
   }
   return ForEach(c, self.size(), [&](size_t k) {
-    return XDNN_CALL(c, addcdiv, self[k], t1[k], t2[k], c.ScalarAt(3, k), self[k]);
+    const Scalar value = scalar_list ? c.ScalarAt(3, static_cast<int64_t>(k)) : c.Scalar(3);
+    c.Calling(name);
+    return call(c.ctx(), self[k], t1[k], t2[k], value, self[k]);
   });
+}
+int ForeachAddcmulScalar(Invocation& c) {
+  return ForeachPointwise(c, xdnn_pytorch::addcmul, "addcmul", /*scalar_list=*/false);
+}
+int ForeachAddcdivScalar(Invocation& c) {
+  return ForeachPointwise(c, xdnn_pytorch::addcdiv, "addcdiv", /*scalar_list=*/false);
+}
+int ForeachAddcdivScalarList(Invocation& c) {
+  return ForeachPointwise(c, xdnn_pytorch::addcdiv, "addcdiv", /*scalar_list=*/true);
 }
 
 #undef XDNN_CALL

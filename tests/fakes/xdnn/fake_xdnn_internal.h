@@ -253,6 +253,37 @@ inline bool Bind(void* stream, const Tensor& t, Bound* b) {
   return b->base != nullptr;
 }
 
+// One tensor of a call to translate: a required one, or an optional one
+// (std::optional<Bound>: reset, then bound only when the tensor is there).
+class Binding {
+ public:
+  Binding(const Tensor& t, Bound* b) : t_(&t), b_(b) {}
+  Binding(const Tensor& t, std::optional<Bound>* ob) : t_(&t), ob_(ob) {}
+  Binding(const std::optional<Tensor>& t, std::optional<Bound>* ob) : t_(t ? &*t : nullptr), ob_(ob) {}
+
+  bool BindOn(void* stream) const {
+    if (b_ != nullptr) return Bind(stream, *t_, b_);
+    ob_->reset();
+    if (t_ == nullptr) return true;
+    ob_->emplace();
+    return Bind(stream, *t_, &**ob_);
+  }
+
+ private:
+  const Tensor* t_;
+  Bound* b_ = nullptr;
+  std::optional<Bound>* ob_ = nullptr;
+};
+
+// Binds every listed tensor, in order; false at the first one that is not
+// inside one live allocation of the stream's device.
+inline bool BindAll(void* stream, std::initializer_list<Binding> bindings) {
+  for (const Binding& b : bindings) {
+    if (!b.BindOn(stream)) return false;
+  }
+  return true;
+}
+
 using Kernel = std::function<void()>;
 
 inline void RunKernel(void* arg) {
@@ -268,6 +299,23 @@ inline int Launch(void* stream, Kernel k) {
     return xdnn::RUNTIME_ERROR;
   }
   return xdnn::SUCCESS;
+}
+
+// `make(T{})` for the float dtype `t` (float32 or float64).
+template <typename Make>
+Kernel ByFloat(ScalarType t, Make make) {
+  return t == ScalarType::kfloat64 ? make(double{}) : make(float{});
+}
+
+// The end of a floating call, once every check passed: binds the listed
+// tensors (INVALID_PARAM when one is outside its allocation), then launches
+// make(T{}, lie) for the float dtype `t`, lie being FAKE_XDNN_LIE of fn.
+template <typename Make>
+int BindAndLaunch(Fn fn, xdnn::Context* ctx, std::initializer_list<Binding> bindings, ScalarType t, Make make) {
+  void* stream = ctx->xpu_stream;
+  if (!BindAll(stream, bindings)) return xdnn::INVALID_PARAM;
+  const bool lie = g_cfg.lie[fn];
+  return Launch(stream, ByFloat(t, [&](auto tag) { return make(tag, lie); }));
 }
 
 // ---- element access (inside kernels) -------------------------------------
@@ -473,6 +521,51 @@ inline Along AlongDim(const std::vector<int64_t>& sizes, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) a.outer *= sizes[static_cast<size_t>(d)];
   for (size_t d = static_cast<size_t>(dim) + 1; d < sizes.size(); ++d) a.inner *= sizes[d];
   return a;
+}
+
+// ---- softmax and log_softmax: the calls (each file has its kernels) ------
+
+// softmax / log_softmax (fn): self and out of one float dtype and shape, a
+// dim in range; the kernel is make(T{}, self, along, out, lie).
+template <typename Make>
+int SoftmaxCall(Fn fn, xdnn::Context* ctx, const Tensor& self_raw, int64_t dim, bool half_to_float,
+                const Tensor& out_raw, Make make) {
+  if (int rc = Enter(fn, self_raw); rc >= 0) return rc;
+  if (ctx == nullptr) return xdnn::INVALID_PARAM;
+  if (!WellFormed(self_raw) || !WellFormed(out_raw)) return xdnn::INVALID_PARAM;
+  const Tensor self = Norm(self_raw), out = Norm(out_raw);
+  // half_to_float: a float16 input giving float32, which the fake lacks.
+  if (!SameFloatDtype({&self, &out}) || half_to_float) return xdnn::NOT_IMPLEMENT;
+  const int64_t d = WrapDim(dim, self.sizes.size());
+  if (d < 0 || out.sizes != self.sizes || SelfOverlapping(out)) return xdnn::INVALID_PARAM;
+  if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
+  Bound bs, bo;
+  const Along g = AlongDim(self.sizes, d);
+  return BindAndLaunch(fn, ctx, {{self, &bs}, {out, &bo}}, out.dtype,
+                       [&](auto tag, bool lie) { return make(tag, bs, g, bo, lie); });
+}
+
+// Their backwards (fn): grad, the forward's output and out of one float
+// dtype and shape, input_dtype grad's; the kernel is make(T{}, grad, output,
+// along, out, lie).
+template <typename Make>
+int SoftmaxBackwardCall(Fn fn, xdnn::Context* ctx, const Tensor& grad_raw, const Tensor& output_raw, int64_t dim,
+                        ScalarType input_dtype, const Tensor& out_raw, Make make) {
+  if (int rc = Enter(fn, grad_raw); rc >= 0) return rc;
+  if (ctx == nullptr) return xdnn::INVALID_PARAM;
+  if (!WellFormed(grad_raw) || !WellFormed(output_raw) || !WellFormed(out_raw)) return xdnn::INVALID_PARAM;
+  const Tensor grad = Norm(grad_raw), output = Norm(output_raw), out = Norm(out_raw);
+  // input_dtype other than grad's: a float16 forward, which the fake lacks.
+  if (!SameFloatDtype({&grad, &output, &out}) || input_dtype != grad.dtype) return xdnn::NOT_IMPLEMENT;
+  const int64_t d = WrapDim(dim, grad.sizes.size());
+  if (d < 0 || output.sizes != grad.sizes || out.sizes != grad.sizes || SelfOverlapping(out)) {
+    return xdnn::INVALID_PARAM;
+  }
+  if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
+  Bound bg, by, bo;
+  const Along g = AlongDim(grad.sizes, d);
+  return BindAndLaunch(fn, ctx, {{grad, &bg}, {output, &by}, {out, &bo}}, out.dtype,
+                       [&](auto tag, bool lie) { return make(tag, bg, by, g, bo, lie); });
 }
 
 }  // namespace fake_xdnn
