@@ -32,13 +32,14 @@ std::string ExecutableDirectory() {
   return slash == std::string::npos ? "" : path.substr(0, slash);
 }
 
-absl::StatusOr<XdnnModule> Open(const std::string& path) {
+// `origin`: how the path was chosen, for the errors.
+absl::StatusOr<XdnnModule> Open(const std::string& path, const std::string& origin) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* error = dlerror();
     return absl::FailedPreconditionError(absl::StrCat(
-        "the xdnn binding module ", path, " does not load (", error == nullptr ? "" : error,
-        "); it needs libxdnn_pytorch.so and the vendor libraries beside it: set "
+        "the xdnn binding module ", path, " (", origin, ") does not load (",
+        error == nullptr ? "" : error, "); it needs libxdnn_pytorch.so and the vendor libraries beside it: set "
         "FLAGOS_KUNLUNXIN_XDNN_LIB_DIR to the vendor torch package's torch_xmlir directory "
         "(docs/vendors/kunlunxin/installation.md), or remove the module to run every operator "
         "on cpu_fallback"));
@@ -46,13 +47,15 @@ absl::StatusOr<XdnnModule> Open(const std::string& path) {
   auto entry = reinterpret_cast<flagos_xdnn_module_entry>(dlsym(handle, FLAGOS_XDNN_MODULE_ENTRY));
   if (entry == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the xdnn binding module ", path, " has no ", FLAGOS_XDNN_MODULE_ENTRY,
-        "(): it is not a flagos xdnn module; rebuild it with this flagosd"));
+        "the xdnn binding module ", path, " (", origin, ") has no ", FLAGOS_XDNN_MODULE_ENTRY,
+        "(): it is not a flagos xdnn module; point --xdnn-module (or "
+        "FLAGOS_KUNLUNXIN_XDNN_MODULE) at the libflagos_kunlunxin_xdnn.so built with this "
+        "flagosd"));
   }
   const flagos_xdnn_module* module = entry();
   if (module == nullptr || module->abi != FLAGOS_XDNN_MODULE_ABI || module->call == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the xdnn binding module ", path, " speaks module ABI ",
+        "the xdnn binding module ", path, " (", origin, ") speaks module ABI ",
         module == nullptr ? 0u : module->abi, ", this flagosd ", FLAGOS_XDNN_MODULE_ABI,
         ": install the module built with this flagosd"));
   }
@@ -64,23 +67,28 @@ absl::StatusOr<XdnnModule> Open(const std::string& path) {
 
 absl::StatusOr<XdnnModule> LoadXdnnModule(const std::string& explicit_path) {
   std::string path = explicit_path;
+  std::string origin = "--xdnn-module";
   if (path.empty()) {
-    if (const char* env = std::getenv("FLAGOS_KUNLUNXIN_XDNN_MODULE"); env != nullptr) path = env;
+    if (const char* env = std::getenv("FLAGOS_KUNLUNXIN_XDNN_MODULE"); env != nullptr) {
+      path = env;
+      origin = "FLAGOS_KUNLUNXIN_XDNN_MODULE";
+    }
   }
   if (!path.empty()) {
     if (!IsFile(path)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the xdnn binding module ", path, " (--xdnn-module or FLAGOS_KUNLUNXIN_XDNN_MODULE) "
-          "does not exist"));
+          "the xdnn binding module ", path, " (", origin, ") does not exist: build it with "
+          "XDNN_ROOT set (docs/vendors/kunlunxin/installation.md), or leave ", origin,
+          " unset to run every operator on cpu_fallback"));
     }
-    return Open(path);
+    return Open(path, origin);
   }
   std::vector<std::string> looked;
   const std::string dir = ExecutableDirectory();
   if (!dir.empty()) {
     for (const std::string& candidate :
          {absl::StrCat(dir, "/../lib/flagos/", kModuleFile), absl::StrCat(dir, "/", kModuleFile)}) {
-      if (IsFile(candidate)) return Open(candidate);
+      if (IsFile(candidate)) return Open(candidate, "beside flagosd");
       looked.push_back(candidate);
     }
   }

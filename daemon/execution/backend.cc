@@ -155,8 +155,13 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
                                         module->module->built_against, ", ",
                                         module->module->nops, " overloads bound)");
       native = CreateXdnnOpExecutor(*runtime, *std::move(module), host->kernel_facts());
-    } else {
+    } else if (absl::IsNotFound(module.status())) {
       native_absent_why = std::string(module.status().message());
+    } else {
+      // A module that is there but does not load (its vendor libraries not
+      // found, another ABI): a clear error, not a node silently slower.
+      return absl::FailedPreconditionError(
+          absl::StrCat("kunlunxin backend: ", module.status().message()));
     }
     const bool wants_native =
         routes->native_count() > 0 || routes->default_route() == OpRoute::kNative;

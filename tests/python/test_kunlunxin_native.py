@@ -240,10 +240,11 @@ def test_not_implement_runs_that_call_on_cpu_fallback(start_daemon, run_python, 
     assert "xdnn_pytorch refused aten::mm.out for Float before" in daemon.log()
 
 
+@pytest.mark.parametrize("code", ["RUNTIME_ERROR", "INVALID_PARAM"])
 def test_vendor_error_names_op_call_and_code_and_session_goes_on(start_daemon, run_python,
-                                                                 tmp_path):
+                                                                 tmp_path, code):
     daemon = start_native(start_daemon, native_conf(tmp_path, ["aten::mm", "aten::add.Tensor"]),
-                          fail="mm:RUNTIME_ERROR")
+                          fail=f"mm:{code}")
     out = py(run_python, daemon,
              "import torch, torch_fl\n"
              "a = torch.ones(2, 2, device='flagos')\n"
@@ -254,7 +255,7 @@ def test_vendor_error_names_op_call_and_code_and_session_goes_on(start_daemon, r
              "    print('ERROR', ' '.join(str(e).split()))\n"
              "print('after', (a + a).cpu().tolist())\n")
     error = next(line for line in out.splitlines() if line.startswith(("ERROR", "no error")))
-    assert "aten::mm" in error and "xdnn_pytorch::mm" in error and "RUNTIME_ERROR" in error, out
+    assert "aten::mm" in error and "xdnn_pytorch::mm" in error and code in error, out
     assert "after [[2.0, 2.0], [2.0, 2.0]]" in out
 
 
@@ -274,6 +275,22 @@ def test_without_the_module_every_op_takes_cpu_fallback(start_daemon, run_python
              "print(torch.mm(a, a).cpu().sum().item())\n")
     assert out.strip().splitlines()[-1] == "8.0"
     assert metric(url, "flagosd_ops_total", route="native") == 0
+
+
+def test_a_module_that_does_not_load_fails_the_start_naming_file_and_variable(flagosd_binary,
+                                                                            tmp_path):
+    import os
+    not_a_module = REPO / "build" / "tests" / "fakes" / "xpu" / "so" / "libxpurt.so.2"
+    missing = tmp_path / "libflagos_kunlunxin_xdnn.so"
+    for module, expected in ((not_a_module, "has no flagos_xdnn_module_v1()"),
+                             (missing, "does not exist")):
+        done = subprocess.run(
+            [str(flagosd_binary), f"--listen=unix://{tmp_path}/s.sock", "--backend=kunlunxin",
+             "--metrics-listen=", f"--xdnn-module={module}"],
+            env=dict(os.environ, **fake_xpu_env()), capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        assert str(module) in done.stderr and expected in done.stderr, done.stderr
+        assert "--xdnn-module" in done.stderr or "FLAGOS_KUNLUNXIN_XDNN" in done.stderr
 
 
 def calibrate(tmp_path: Path, **fake_xdnn: str) -> tuple[str, dict]:

@@ -75,26 +75,12 @@ bool IsIndex(ScalarType t) { return t == ScalarType::kint64 || t == ScalarType::
 
 bool HasElements(const OptTensor& t) { return t && Numel(t->sizes) > 0; }
 
-// Binds every present tensor; false when one is outside its allocation.
-bool BindOpt(void* stream, const OptTensor& t, OptBound* b) {
-  b->reset();
-  if (!t) return true;
-  b->emplace();
-  return Bind(stream, *t, &**b);
-}
-
 // The requested outputs of a backward (output_mask[i]), normalised.
 bool Masked(const std::vector<bool>& mask, size_t i) { return i < mask.size() && mask[i]; }
 
 OptTensor MaskedOut(const std::vector<bool>& mask, size_t i, const Tensor& t) {
   if (!Masked(mask, i)) return std::nullopt;
   return Norm(t);
-}
-
-// `make(T{})` for the float dtype `t` (float32 or float64).
-template <typename Make>
-Kernel ByFloat(ScalarType t, Make make) {
-  return t == ScalarType::kfloat64 ? make(double{}) : make(float{});
 }
 
 template <typename T>
@@ -247,17 +233,10 @@ int Convolution(xdnn::Context* ctx, const Tensor& input_raw, const Tensor& weigh
   if (bias && bias->sizes != std::vector<int64_t>{g.o}) return xdnn::INVALID_PARAM;
   if (out.sizes != std::vector<int64_t>{g.n, g.o, g.ho, g.wo} || SelfOverlapping(out)) return xdnn::INVALID_PARAM;
   if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bi, bw, bo;
   OptBound bb;
-  if (!Bind(stream, input, &bi) || !Bind(stream, weight, &bw) || !BindOpt(stream, bias, &bb) ||
-      !Bind(stream, out, &bo)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_convolution];
-  return Launch(stream, ByFloat(out.dtype, [&](auto tag) {
-                  return ConvKernel<decltype(tag)>(g, bi, bw, bb, bo, lie);
-                }));
+  return BindAndLaunch(kFn_convolution, ctx, {{input, &bi}, {weight, &bw}, {bias, &bb}, {out, &bo}}, out.dtype,
+                       [&](auto tag, bool lie) { return ConvKernel<decltype(tag)>(g, bi, bw, bb, bo, lie); });
 }
 
 template <typename T>
@@ -317,17 +296,13 @@ int ConvolutionBackward(xdnn::Context* ctx, const Tensor& go_raw, const Tensor& 
     return xdnn::INVALID_PARAM;
   }
   if (!HasElements(gi) && !HasElements(gw) && !HasElements(gb)) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bgo, bi, bw;
   OptBound bgi, bgw, bgb;
-  if (!Bind(stream, go, &bgo) || !Bind(stream, input, &bi) || !Bind(stream, weight, &bw) ||
-      !BindOpt(stream, gi, &bgi) || !BindOpt(stream, gw, &bgw) || !BindOpt(stream, gb, &bgb)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_convolution_backward];
-  return Launch(stream, ByFloat(go.dtype, [&](auto tag) {
-                  return ConvBackwardKernel<decltype(tag)>(g, bgo, bi, bw, bgi, bgw, bgb, lie);
-                }));
+  return BindAndLaunch(kFn_convolution_backward, ctx,
+                       {{go, &bgo}, {input, &bi}, {weight, &bw}, {gi, &bgi}, {gw, &bgw}, {gb, &bgb}}, go.dtype,
+                       [&](auto tag, bool lie) {
+                         return ConvBackwardKernel<decltype(tag)>(g, bgo, bi, bw, bgi, bgw, bgb, lie);
+                       });
 }
 
 // ---- batch norm ----------------------------------------------------------
@@ -447,19 +422,15 @@ int BatchNorm(xdnn::Context* ctx, const Tensor& input_raw, const OptionalTensor&
     return xdnn::INVALID_PARAM;
   }
   if (!training && Numel(out.sizes) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bi, bo;
   OptBound bw, bb, brm, brv, bsm, bsi;
-  if (!Bind(stream, input, &bi) || !BindOpt(stream, weight, &bw) || !BindOpt(stream, bias, &bb) ||
-      !BindOpt(stream, rm, &brm) || !BindOpt(stream, rv, &brv) || !Bind(stream, out, &bo) ||
-      !BindOpt(stream, sm, &bsm) || !BindOpt(stream, si, &bsi)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_native_batch_norm];
-  return Launch(stream, ByFloat(input.dtype, [&](auto tag) {
-                  return BatchNormKernel<decltype(tag)>(g, training, momentum, eps, bi, bw, bb, brm, brv, bo,
-                                                        bsm, bsi, lie);
-                }));
+  return BindAndLaunch(kFn_native_batch_norm, ctx,
+                       {{input, &bi}, {weight, &bw}, {bias, &bb}, {rm, &brm}, {rv, &brv}, {out, &bo}, {sm, &bsm},
+                        {si, &bsi}},
+                       input.dtype, [&](auto tag, bool lie) {
+                         return BatchNormKernel<decltype(tag)>(g, training, momentum, eps, bi, bw, bb, brm, brv, bo,
+                                                               bsm, bsi, lie);
+                       });
 }
 
 // aten's batch_norm_backward_cpu_template.
@@ -551,20 +522,15 @@ int BatchNormBackward(xdnn::Context* ctx, const Tensor& go_raw, const Tensor& in
     return xdnn::INVALID_PARAM;
   }
   if (!HasElements(gi) && !HasElements(gw) && !HasElements(gb)) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bgo, bi;
   OptBound bw, brm, brv, bsm, bsi, bgi, bgw, bgb;
-  if (!Bind(stream, go, &bgo) || !Bind(stream, input, &bi) || !BindOpt(stream, weight, &bw) ||
-      !BindOpt(stream, rm, &brm) || !BindOpt(stream, rv, &brv) || !BindOpt(stream, sm, &bsm) ||
-      !BindOpt(stream, si, &bsi) || !BindOpt(stream, gi, &bgi) || !BindOpt(stream, gw, &bgw) ||
-      !BindOpt(stream, gb, &bgb)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_native_batch_norm_backward];
-  return Launch(stream, ByFloat(go.dtype, [&](auto tag) {
-                  return BatchNormBackwardKernel<decltype(tag)>(g, train, eps, bgo, bi, bw, train ? bsm : brm,
-                                                                train ? bsi : brv, bgi, bgw, bgb, lie);
-                }));
+  return BindAndLaunch(kFn_native_batch_norm_backward, ctx,
+                       {{go, &bgo}, {input, &bi}, {weight, &bw}, {rm, &brm}, {rv, &brv}, {sm, &bsm}, {si, &bsi},
+                        {gi, &bgi}, {gw, &bgw}, {gb, &bgb}},
+                       go.dtype, [&](auto tag, bool lie) {
+                         return BatchNormBackwardKernel<decltype(tag)>(g, train, eps, bgo, bi, bw, train ? bsm : brm,
+                                                                       train ? bsi : brv, bgi, bgw, bgb, lie);
+                       });
 }
 
 // ---- layer norm ----------------------------------------------------------
@@ -649,17 +615,13 @@ int LayerNorm(xdnn::Context* ctx, const Tensor& input_raw, const std::vector<int
   }
   if (SelfOverlapping(out) || SelfOverlapping(mean) || SelfOverlapping(rstd)) return xdnn::INVALID_PARAM;
   if (g.m == 0) return xdnn::SUCCESS;  // no rows: every output is empty
-  void* stream = ctx->xpu_stream;
   Bound bi, bo, bm, br;
   OptBound bw, bb;
-  if (!Bind(stream, input, &bi) || !BindOpt(stream, weight, &bw) || !BindOpt(stream, bias, &bb) ||
-      !Bind(stream, out, &bo) || !Bind(stream, mean, &bm) || !Bind(stream, rstd, &br)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_native_layer_norm];
-  return Launch(stream, ByFloat(input.dtype, [&](auto tag) {
-                  return LayerNormKernel<decltype(tag)>(g, eps, bi, bw, bb, bo, bm, br, lie);
-                }));
+  return BindAndLaunch(kFn_native_layer_norm, ctx,
+                       {{input, &bi}, {weight, &bw}, {bias, &bb}, {out, &bo}, {mean, &bm}, {rstd, &br}}, input.dtype,
+                       [&](auto tag, bool lie) {
+                         return LayerNormKernel<decltype(tag)>(g, eps, bi, bw, bb, bo, bm, br, lie);
+                       });
 }
 
 // aten's LayerNormBackwardKernelImpl: per row, with w = weight (or 1),
@@ -732,18 +694,14 @@ int LayerNormBackward(xdnn::Context* ctx, const Tensor& go_raw, const Tensor& in
     return xdnn::INVALID_PARAM;
   }
   if (!HasElements(gi) && !HasElements(gw) && !HasElements(gb)) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bgo, bi, bm, br;
   OptBound bw, bb, bgi, bgw, bgb;
-  if (!Bind(stream, go, &bgo) || !Bind(stream, input, &bi) || !Bind(stream, mean, &bm) ||
-      !Bind(stream, rstd, &br) || !BindOpt(stream, weight, &bw) || !BindOpt(stream, bias, &bb) ||
-      !BindOpt(stream, gi, &bgi) || !BindOpt(stream, gw, &bgw) || !BindOpt(stream, gb, &bgb)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_native_layer_norm_backward];
-  return Launch(stream, ByFloat(go.dtype, [&](auto tag) {
-                  return LayerNormBackwardKernel<decltype(tag)>(g, bgo, bi, bm, br, bw, bgi, bgw, bgb, lie);
-                }));
+  return BindAndLaunch(kFn_native_layer_norm_backward, ctx,
+                       {{go, &bgo}, {input, &bi}, {mean, &bm}, {rstd, &br}, {weight, &bw}, {bias, &bb}, {gi, &bgi},
+                        {gw, &bgw}, {gb, &bgb}},
+                       go.dtype, [&](auto tag, bool lie) {
+                         return LayerNormBackwardKernel<decltype(tag)>(g, bgo, bi, bm, br, bw, bgi, bgw, bgb, lie);
+                       });
 }
 
 // ---- softmax -------------------------------------------------------------
@@ -792,50 +750,6 @@ Kernel SoftmaxBackwardKernel(Bound grad, Bound output, Along g, Bound out, bool 
     }
     Scatter<T>(out, res, lie);
   };
-}
-
-int Softmax(xdnn::Context* ctx, const Tensor& self_raw, int64_t dim, bool half_to_float, const Tensor& out_raw) {
-  if (int rc = Enter(kFn_softmax, self_raw); rc >= 0) return rc;
-  if (ctx == nullptr) return xdnn::INVALID_PARAM;
-  if (!WellFormed(self_raw) || !WellFormed(out_raw)) return xdnn::INVALID_PARAM;
-  const Tensor self = Norm(self_raw), out = Norm(out_raw);
-  // half_to_float: a float16 input giving float32, which the fake lacks.
-  if (!SameFloatDtype({&self, &out}) || half_to_float) return xdnn::NOT_IMPLEMENT;
-  const int64_t d = WrapDim(dim, self.sizes.size());
-  if (d < 0 || out.sizes != self.sizes || SelfOverlapping(out)) return xdnn::INVALID_PARAM;
-  if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
-  Bound bs, bo;
-  if (!Bind(ctx->xpu_stream, self, &bs) || !Bind(ctx->xpu_stream, out, &bo)) return xdnn::INVALID_PARAM;
-  const bool lie = g_cfg.lie[kFn_softmax];
-  const Along g = AlongDim(self.sizes, d);
-  return Launch(ctx->xpu_stream, ByFloat(out.dtype, [&](auto tag) {
-                  return SoftmaxKernel<decltype(tag)>(bs, g, bo, lie);
-                }));
-}
-
-int SoftmaxBackward(xdnn::Context* ctx, const Tensor& grad_raw, const Tensor& output_raw, int64_t dim,
-                    ScalarType input_dtype, const Tensor& out_raw) {
-  if (int rc = Enter(kFn_softmax_backward_data, grad_raw); rc >= 0) return rc;
-  if (ctx == nullptr) return xdnn::INVALID_PARAM;
-  if (!WellFormed(grad_raw) || !WellFormed(output_raw) || !WellFormed(out_raw)) return xdnn::INVALID_PARAM;
-  const Tensor grad = Norm(grad_raw), output = Norm(output_raw), out = Norm(out_raw);
-  // input_dtype other than grad's: a float16 forward, which the fake lacks.
-  if (!SameFloatDtype({&grad, &output, &out}) || input_dtype != grad.dtype) return xdnn::NOT_IMPLEMENT;
-  const int64_t d = WrapDim(dim, grad.sizes.size());
-  if (d < 0 || output.sizes != grad.sizes || out.sizes != grad.sizes || SelfOverlapping(out)) {
-    return xdnn::INVALID_PARAM;
-  }
-  if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
-  Bound bg, by, bo;
-  if (!Bind(ctx->xpu_stream, grad, &bg) || !Bind(ctx->xpu_stream, output, &by) ||
-      !Bind(ctx->xpu_stream, out, &bo)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_softmax_backward_data];
-  const Along g = AlongDim(grad.sizes, d);
-  return Launch(ctx->xpu_stream, ByFloat(out.dtype, [&](auto tag) {
-                  return SoftmaxBackwardKernel<decltype(tag)>(bg, by, g, bo, lie);
-                }));
 }
 
 // ---- embedding -----------------------------------------------------------
@@ -887,15 +801,9 @@ int Embedding(xdnn::Context* ctx, const Tensor& weight_raw, const Tensor& indice
     return xdnn::INVALID_PARAM;
   }
   if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bw, bi, bo;
-  if (!Bind(stream, weight, &bw) || !Bind(stream, indices, &bi) || !Bind(stream, out, &bo)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_embedding];
-  return Launch(stream, ByFloat(out.dtype, [&](auto tag) {
-                  return EmbeddingKernel<decltype(tag)>(bw, bi, bo, lie);
-                }));
+  return BindAndLaunch(kFn_embedding, ctx, {{weight, &bw}, {indices, &bi}, {out, &bo}}, out.dtype,
+                       [&](auto tag, bool lie) { return EmbeddingKernel<decltype(tag)>(bw, bi, bo, lie); });
 }
 
 // aten's embedding_dense_backward_cpu: grad_weight zeroed, then row
@@ -933,13 +841,11 @@ int EmbeddingDenseBackward(xdnn::Context* ctx, const Tensor& go_raw, const Tenso
     return xdnn::INVALID_PARAM;
   }
   if (Numel(gw.sizes) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bg, bi, bw;
-  if (!Bind(stream, go, &bg) || !Bind(stream, indices, &bi) || !Bind(stream, gw, &bw)) return xdnn::INVALID_PARAM;
-  const bool lie = g_cfg.lie[kFn_embedding_dense_backward];
-  return Launch(stream, ByFloat(gw.dtype, [&](auto tag) {
-                  return EmbeddingBackwardKernel<decltype(tag)>(bg, bi, padding_idx, bw, lie);
-                }));
+  return BindAndLaunch(kFn_embedding_dense_backward, ctx, {{go, &bg}, {indices, &bi}, {gw, &bw}}, gw.dtype,
+                       [&](auto tag, bool lie) {
+                         return EmbeddingBackwardKernel<decltype(tag)>(bg, bi, padding_idx, bw, lie);
+                       });
 }
 
 // ---- gelu ----------------------------------------------------------------
@@ -1088,15 +994,9 @@ int MaxPool2d(xdnn::Context* ctx, const Tensor& self_raw, const std::vector<int6
     return xdnn::INVALID_PARAM;
   }
   if (Numel(shape) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bs, bo, bi;
-  if (!Bind(stream, self, &bs) || !Bind(stream, out, &bo) || !Bind(stream, indices, &bi)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_max_pool2d_with_indices];
-  return Launch(stream, ByFloat(out.dtype, [&](auto tag) {
-                  return MaxPoolKernel<decltype(tag)>(g, bs, bo, bi, lie);
-                }));
+  return BindAndLaunch(kFn_max_pool2d_with_indices, ctx, {{self, &bs}, {out, &bo}, {indices, &bi}}, out.dtype,
+                       [&](auto tag, bool lie) { return MaxPoolKernel<decltype(tag)>(g, bs, bo, bi, lie); });
 }
 
 // grad_input zeroed, then grad_output added at each output's index into
@@ -1136,16 +1036,10 @@ int MaxPool2dBackward(xdnn::Context* ctx, const Tensor& go_raw, const Tensor& se
     return xdnn::INVALID_PARAM;
   }
   if (Numel(gi.sizes) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bg, bs, bi, bgi;
-  if (!Bind(stream, go, &bg) || !Bind(stream, self, &bs) || !Bind(stream, indices, &bi) ||
-      !Bind(stream, gi, &bgi)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_max_pool2d_with_indices_backward];
-  return Launch(stream, ByFloat(gi.dtype, [&](auto tag) {
-                  return MaxPoolBackwardKernel<decltype(tag)>(g, bg, bi, bgi, lie);
-                }));
+  return BindAndLaunch(kFn_max_pool2d_with_indices_backward, ctx,
+                       {{go, &bg}, {self, &bs}, {indices, &bi}, {gi, &bgi}}, gi.dtype,
+                       [&](auto tag, bool lie) { return MaxPoolBackwardKernel<decltype(tag)>(g, bg, bi, bgi, lie); });
 }
 
 // ---- adaptive_avg_pool2d -------------------------------------------------
@@ -1206,14 +1100,11 @@ int AdaptiveAvgPool2d(xdnn::Context* ctx, const Tensor& self_raw, const std::vec
   shape.push_back(output_size[1]);
   if (out.sizes != shape || SelfOverlapping(out)) return xdnn::INVALID_PARAM;
   if (Numel(shape) == 0) return xdnn::SUCCESS;
-  Bound bs, bo;
-  if (!Bind(ctx->xpu_stream, self, &bs) || !Bind(ctx->xpu_stream, out, &bo)) return xdnn::INVALID_PARAM;
-  const bool lie = g_cfg.lie[kFn_adaptive_avg_pool2d];
   const int64_t h = self.sizes[rank - 2], w = self.sizes[rank - 1];
-  return Launch(ctx->xpu_stream, ByFloat(out.dtype, [&](auto tag) {
-                  return AdaptiveAvgPoolKernel<decltype(tag)>(planes, h, w, output_size[0], output_size[1], bs, bo,
-                                                              lie);
-                }));
+  Bound bs, bo;
+  return BindAndLaunch(kFn_adaptive_avg_pool2d, ctx, {{self, &bs}, {out, &bo}}, out.dtype, [&](auto tag, bool lie) {
+    return AdaptiveAvgPoolKernel<decltype(tag)>(planes, h, w, output_size[0], output_size[1], bs, bo, lie);
+  });
 }
 
 // grad_input zeroed, then each output's grad / kh / kw added over its window.
@@ -1254,17 +1145,15 @@ int AdaptiveAvgPool2dBackward(xdnn::Context* ctx, const Tensor& go_raw, const Te
     return xdnn::INVALID_PARAM;
   }
   if (Numel(gi.sizes) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
-  Bound bg, bs, bgi;
-  if (!Bind(stream, go, &bg) || !Bind(stream, self, &bs) || !Bind(stream, gi, &bgi)) return xdnn::INVALID_PARAM;
-  const bool lie = g_cfg.lie[kFn_adaptive_avg_pool2d_backward];
   const size_t rank = self.sizes.size();
   const int64_t planes = Numel(std::vector<int64_t>(self.sizes.begin(), self.sizes.end() - 2));
   const int64_t h = self.sizes[rank - 2], w = self.sizes[rank - 1];
   const int64_t ho = go.sizes[rank - 2], wo = go.sizes[rank - 1];
-  return Launch(stream, ByFloat(gi.dtype, [&](auto tag) {
-                  return AdaptiveAvgPoolBackwardKernel<decltype(tag)>(planes, h, w, ho, wo, bg, bgi, lie);
-                }));
+  Bound bg, bs, bgi;
+  return BindAndLaunch(kFn_adaptive_avg_pool2d_backward, ctx, {{go, &bg}, {self, &bs}, {gi, &bgi}}, gi.dtype,
+                       [&](auto tag, bool lie) {
+                         return AdaptiveAvgPoolBackwardKernel<decltype(tag)>(planes, h, w, ho, wo, bg, bgi, lie);
+                       });
 }
 
 // ---- cat -----------------------------------------------------------------
@@ -1366,10 +1255,7 @@ int Where(xdnn::Context* ctx, const Tensor& cond_raw, const Tensor& self_raw, co
   if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
   void* stream = ctx->xpu_stream;
   Bound bc, bs, bo2, bo;
-  if (!Bind(stream, cond, &bc) || !Bind(stream, self, &bs) || !Bind(stream, other, &bo2) ||
-      !Bind(stream, out, &bo)) {
-    return xdnn::INVALID_PARAM;
-  }
+  if (!BindAll(stream, {{cond, &bc}, {self, &bs}, {other, &bo2}, {out, &bo}})) return xdnn::INVALID_PARAM;
   const bool lie = g_cfg.lie[kFn_where];
   Kernel k;
   VisitCopyable(out.dtype, [&](auto tag) {
@@ -1441,12 +1327,17 @@ int native_layer_norm_backward(xdnn::Context* ctx, const Tensor& grad_out, const
 }
 
 int softmax(xdnn::Context* ctx, const Tensor& self, int64_t dim, bool half_to_float, Tensor& out) {
-  return Softmax(ctx, self, dim, half_to_float, out);
+  return SoftmaxCall(kFn_softmax, ctx, self, dim, half_to_float, out, [](auto tag, Bound x, Along g, Bound y, bool lie) {
+    return SoftmaxKernel<decltype(tag)>(x, g, y, lie);
+  });
 }
 
 int softmax_backward_data(xdnn::Context* ctx, const Tensor& grad_output, const Tensor& output, int64_t dim,
                           ScalarType input_dtype, Tensor& grad_input) {
-  return SoftmaxBackward(ctx, grad_output, output, dim, input_dtype, grad_input);
+  return SoftmaxBackwardCall(kFn_softmax_backward_data, ctx, grad_output, output, dim, input_dtype, grad_input,
+                             [](auto tag, Bound grad, Bound y, Along g, Bound gi, bool lie) {
+                               return SoftmaxBackwardKernel<decltype(tag)>(grad, y, g, gi, lie);
+                             });
 }
 
 int embedding(xdnn::Context* ctx, const Tensor& weight, const Tensor& indices, int64_t padding_idx,

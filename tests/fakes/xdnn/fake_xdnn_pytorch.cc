@@ -164,9 +164,7 @@ int Copy(xdnn::Context* ctx, const Tensor& src_raw, const Tensor& out_raw) {
   if (!BroadcastsTo(src.sizes, out.sizes) || SelfOverlapping(out)) return xdnn::INVALID_PARAM;
   if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
   Bound bs, bo;
-  if (!Bind(ctx->xpu_stream, src, &bs) || !Bind(ctx->xpu_stream, out, &bo)) {
-    return xdnn::INVALID_PARAM;
-  }
+  if (!BindAll(ctx->xpu_stream, {{src, &bs}, {out, &bo}})) return xdnn::INVALID_PARAM;
   const bool lie = g_cfg.lie[kFn_copy];
   Kernel k;
   VisitCopyable(src.dtype, [&](auto stag) {
@@ -250,26 +248,15 @@ int Gemm(Fn fn, xdnn::Context* ctx, const Tensor* self_raw, const Tensor& a_raw,
   if (self && (self->sizes.size() > 2 || !BroadcastsTo(self->sizes, {n, m}))) return xdnn::INVALID_PARAM;
   if (SelfOverlapping(out)) return xdnn::INVALID_PARAM;
   if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
-  Bound ba, bb, bo;
-  std::optional<Bound> bc;
-  if (!Bind(stream, a, &ba) || !Bind(stream, b, &bb) || !Bind(stream, out, &bo)) {
-    return xdnn::INVALID_PARAM;
-  }
-  if (self) {
-    bc.emplace();
-    if (!Bind(stream, *self, &*bc)) return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[fn];
   const Scalar one = Scalar::create(int64_t{1});
   const Scalar& al = alpha != nullptr ? *alpha : one;
   const Scalar& be = beta != nullptr ? *beta : one;
-  Kernel k = out.dtype == ScalarType::kfloat64
-                 ? GemmKernel<double>(batch, n, kk, m, ba, bb, bc, ScalarAs<double>(al),
-                                      ScalarAs<double>(be), bo, lie)
-                 : GemmKernel<float>(batch, n, kk, m, ba, bb, bc, ScalarAs<float>(al),
-                                     ScalarAs<float>(be), bo, lie);
-  return Launch(stream, std::move(k));
+  Bound ba, bb, bo;
+  std::optional<Bound> bc;
+  return BindAndLaunch(fn, ctx, {{a, &ba}, {b, &bb}, {out, &bo}, {self, &bc}}, out.dtype, [&](auto tag, bool lie) {
+    using T = decltype(tag);
+    return GemmKernel<T>(batch, n, kk, m, ba, bb, bc, ScalarAs<T>(al), ScalarAs<T>(be), bo, lie);
+  });
 }
 
 // ---- reductions ----------------------------------------------------------
@@ -323,13 +310,11 @@ int Reduce(Fn fn, xdnn::Context* ctx, const Tensor& self_raw, const std::vector<
   if (want.empty()) want = {1};  // 0-dim
   if (out.sizes != want || SelfOverlapping(out)) return xdnn::INVALID_PARAM;
   if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
+  const bool mean = fn == kFn_mean_dim;
   Bound bs, bo;
-  if (!Bind(ctx->xpu_stream, self, &bs) || !Bind(ctx->xpu_stream, out, &bo)) return xdnn::INVALID_PARAM;
-  const bool lie = g_cfg.lie[fn], mean = fn == kFn_mean_dim;
-  Kernel k = out.dtype == ScalarType::kfloat64
-                 ? ReduceKernel<double>(bs, keep_shape, reduced, mean, bo, lie)
-                 : ReduceKernel<float>(bs, keep_shape, reduced, mean, bo, lie);
-  return Launch(ctx->xpu_stream, std::move(k));
+  return BindAndLaunch(fn, ctx, {{self, &bs}, {out, &bo}}, out.dtype, [&](auto tag, bool lie) {
+    return ReduceKernel<decltype(tag)>(bs, keep_shape, reduced, mean, bo, lie);
+  });
 }
 
 // ---- log_softmax ---------------------------------------------------------
@@ -380,56 +365,6 @@ Kernel LogSoftmaxBackwardKernel(Bound grad, Bound output, Along g, Bound out, bo
     }
     Scatter<T>(out, res, lie);
   };
-}
-
-int LogSoftmax(xdnn::Context* ctx, const Tensor& self_raw, int64_t dim, bool half_to_float,
-               const Tensor& out_raw) {
-  if (int rc = Enter(kFn_log_softmax, self_raw); rc >= 0) return rc;
-  if (ctx == nullptr) return xdnn::INVALID_PARAM;
-  if (!WellFormed(self_raw) || !WellFormed(out_raw)) return xdnn::INVALID_PARAM;
-  const Tensor self = Norm(self_raw), out = Norm(out_raw);
-  // half_to_float: a float16 input giving float32, which the fake lacks.
-  if (!SameFloatDtype({&self, &out}) || half_to_float) return xdnn::NOT_IMPLEMENT;
-  const int64_t d = WrapDim(dim, self.sizes.size());
-  if (d < 0 || out.sizes != self.sizes || SelfOverlapping(out)) return xdnn::INVALID_PARAM;
-  if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
-  Bound bs, bo;
-  if (!Bind(ctx->xpu_stream, self, &bs) || !Bind(ctx->xpu_stream, out, &bo)) return xdnn::INVALID_PARAM;
-  const bool lie = g_cfg.lie[kFn_log_softmax];
-  const Along g = AlongDim(self.sizes, d);
-  Kernel k = out.dtype == ScalarType::kfloat64 ? LogSoftmaxKernel<double>(bs, g, bo, lie)
-                                               : LogSoftmaxKernel<float>(bs, g, bo, lie);
-  return Launch(ctx->xpu_stream, std::move(k));
-}
-
-int LogSoftmaxBackward(xdnn::Context* ctx, const Tensor& grad_raw, const Tensor& output_raw, int64_t dim,
-                       ScalarType input_dtype, const Tensor& out_raw) {
-  if (int rc = Enter(kFn_log_softmax_backward_data, grad_raw); rc >= 0) return rc;
-  if (ctx == nullptr) return xdnn::INVALID_PARAM;
-  if (!WellFormed(grad_raw) || !WellFormed(output_raw) || !WellFormed(out_raw)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const Tensor grad = Norm(grad_raw), output = Norm(output_raw), out = Norm(out_raw);
-  // input_dtype other than grad's: a float16 forward, which the fake lacks.
-  if (!SameFloatDtype({&grad, &output, &out}) || input_dtype != grad.dtype) {
-    return xdnn::NOT_IMPLEMENT;
-  }
-  const int64_t d = WrapDim(dim, grad.sizes.size());
-  if (d < 0 || output.sizes != grad.sizes || out.sizes != grad.sizes || SelfOverlapping(out)) {
-    return xdnn::INVALID_PARAM;
-  }
-  if (Numel(out.sizes) == 0) return xdnn::SUCCESS;
-  Bound bg, by, bo;
-  if (!Bind(ctx->xpu_stream, grad, &bg) || !Bind(ctx->xpu_stream, output, &by) ||
-      !Bind(ctx->xpu_stream, out, &bo)) {
-    return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_log_softmax_backward_data];
-  const Along g = AlongDim(grad.sizes, d);
-  Kernel k = out.dtype == ScalarType::kfloat64
-                 ? LogSoftmaxBackwardKernel<double>(bg, by, g, bo, lie)
-                 : LogSoftmaxBackwardKernel<float>(bg, by, g, bo, lie);
-  return Launch(ctx->xpu_stream, std::move(k));
 }
 
 // ---- nll_loss ------------------------------------------------------------
@@ -538,25 +473,13 @@ int NllLoss(xdnn::Context* ctx, const Tensor& self_raw, const Tensor& target_raw
     return xdnn::INVALID_PARAM;
   }
   // total_weight always has its one element, so there is always work.
-  void* stream = ctx->xpu_stream;
   Bound bs, bt, bo, btw;
   std::optional<Bound> bw;
-  if (!Bind(stream, self, &bs) || !Bind(stream, target, &bt) || !Bind(stream, output, &bo) ||
-      !Bind(stream, tw, &btw)) {
-    return xdnn::INVALID_PARAM;
-  }
-  if (weight) {
-    bw.emplace();
-    if (!Bind(stream, *weight, &*bw)) return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_nll_loss];
-  Kernel k;
-  if (self.dtype == ScalarType::kfloat64) {
-    k = NllLossKernel<double>({bs, bt, bw, s.batched}, s, reduction, ignore_index, bo, btw, lie);
-  } else {
-    k = NllLossKernel<float>({bs, bt, bw, s.batched}, s, reduction, ignore_index, bo, btw, lie);
-  }
-  return Launch(stream, std::move(k));
+  return BindAndLaunch(kFn_nll_loss, ctx, {{self, &bs}, {target, &bt}, {output, &bo}, {tw, &btw}, {weight, &bw}},
+                       self.dtype, [&](auto tag, bool lie) {
+                         return NllLossKernel<decltype(tag)>({bs, bt, bw, s.batched}, s, reduction, ignore_index, bo,
+                                                             btw, lie);
+                       });
 }
 
 // aten's nll_loss_backward: grad_input zeroed, then
@@ -609,27 +532,14 @@ int NllLossBackward(xdnn::Context* ctx, const Tensor& go_raw, const Tensor& self
     return xdnn::INVALID_PARAM;
   }
   if (Numel(gi.sizes) == 0) return xdnn::SUCCESS;
-  void* stream = ctx->xpu_stream;
   Bound bgo, bs, bt, btw, bgi;
   std::optional<Bound> bw;
-  if (!Bind(stream, go, &bgo) || !Bind(stream, self, &bs) || !Bind(stream, target, &bt) ||
-      !Bind(stream, tw, &btw) || !Bind(stream, gi, &bgi)) {
-    return xdnn::INVALID_PARAM;
-  }
-  if (weight) {
-    bw.emplace();
-    if (!Bind(stream, *weight, &*bw)) return xdnn::INVALID_PARAM;
-  }
-  const bool lie = g_cfg.lie[kFn_nll_loss_backward];
-  Kernel k;
-  if (gi.dtype == ScalarType::kfloat64) {
-    k = NllLossBackwardKernel<double>({bs, bt, bw, s.batched}, s, reduction, ignore_index, bgo, btw, bgi,
-                                      lie);
-  } else {
-    k = NllLossBackwardKernel<float>({bs, bt, bw, s.batched}, s, reduction, ignore_index, bgo, btw, bgi,
-                                     lie);
-  }
-  return Launch(stream, std::move(k));
+  return BindAndLaunch(kFn_nll_loss_backward, ctx,
+                       {{go, &bgo}, {self, &bs}, {target, &bt}, {tw, &btw}, {gi, &bgi}, {weight, &bw}}, gi.dtype,
+                       [&](auto tag, bool lie) {
+                         return NllLossBackwardKernel<decltype(tag)>({bs, bt, bw, s.batched}, s, reduction,
+                                                                     ignore_index, bgo, btw, bgi, lie);
+                       });
 }
 
 }  // namespace
@@ -817,12 +727,18 @@ int mean_dim(xdnn::Context* ctx, const Tensor& self, const std::vector<int64_t>&
 }
 
 int log_softmax(xdnn::Context* ctx, const Tensor& self, int64_t dim, bool half_to_float, Tensor& out) {
-  return LogSoftmax(ctx, self, dim, half_to_float, out);
+  return SoftmaxCall(kFn_log_softmax, ctx, self, dim, half_to_float, out,
+                     [](auto tag, Bound x, Along g, Bound y, bool lie) {
+                       return LogSoftmaxKernel<decltype(tag)>(x, g, y, lie);
+                     });
 }
 
 int log_softmax_backward_data(xdnn::Context* ctx, const Tensor& grad_output, const Tensor& output,
                               int64_t dim, ScalarType input_dtype, Tensor& grad_input) {
-  return LogSoftmaxBackward(ctx, grad_output, output, dim, input_dtype, grad_input);
+  return SoftmaxBackwardCall(kFn_log_softmax_backward_data, ctx, grad_output, output, dim, input_dtype,
+                             grad_input, [](auto tag, Bound grad, Bound y, Along g, Bound gi, bool lie) {
+                               return LogSoftmaxBackwardKernel<decltype(tag)>(grad, y, g, gi, lie);
+                             });
 }
 
 int nll_loss(xdnn::Context* ctx, const Tensor& self, const Tensor& target, const OptionalTensor& weight,
