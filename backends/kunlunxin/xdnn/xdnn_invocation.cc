@@ -103,7 +103,7 @@ xdnn_pytorch::Scalar Invocation::Scalar(int i) const {
     case FLAGOS_XDNN_ARG_BOOL:
       return xdnn_pytorch::Scalar::create(static_cast<int64_t>(arg.i));
     case FLAGOS_XDNN_ARG_DOUBLE:
-      return xdnn_pytorch::Scalar::create(static_cast<float>(arg.d));
+      return FloatScalar(arg.d);
     default:
       Unexpected(i, arg, "a number");
   }
@@ -121,7 +121,29 @@ xdnn_pytorch::Scalar Invocation::ScalarAt(int i, int64_t k) const {
   const flagos_xdnn_arg& arg = Arg(i);
   if (k < 0 || k >= ScalarCount(i)) Unexpected(i, arg, "a longer number list");
   if (arg.kind == FLAGOS_XDNN_ARG_INTS) return xdnn_pytorch::Scalar::create(arg.ints[k]);
-  return xdnn_pytorch::Scalar::create(static_cast<float>(arg.doubles[k]));
+  return FloatScalar(arg.doubles[k]);
+}
+
+xdnn_pytorch::Scalar Invocation::FloatScalar(double value) const {
+  // xdnn_pytorch's Scalar holds a float: a float64 op whose scalar a float
+  // cannot hold exactly would compute with another value than ATen's.
+  if (static_cast<double>(static_cast<float>(value)) != value && HasFloat64Tensor()) {
+    throw Decline{"a float64 op with a scalar a float cannot hold"};
+  }
+  return xdnn_pytorch::Scalar::create(static_cast<float>(value));
+}
+
+bool Invocation::HasFloat64Tensor() const {
+  for (int32_t i = 0; i < call_.nargs; ++i) {
+    const flagos_xdnn_arg& arg = call_.args[i];
+    if (arg.kind == FLAGOS_XDNN_ARG_TENSOR && arg.tensor.dtype == FLAGOS_XDNN_FLOAT64) return true;
+    if (arg.kind == FLAGOS_XDNN_ARG_TENSORS) {
+      for (int64_t k = 0; k < arg.count; ++k) {
+        if (arg.tensors[k].dtype == FLAGOS_XDNN_FLOAT64) return true;
+      }
+    }
+  }
+  return false;
 }
 
 int64_t Invocation::Int(int i) const {

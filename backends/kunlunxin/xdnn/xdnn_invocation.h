@@ -65,6 +65,10 @@ class Invocation {
 
  private:
   const flagos_xdnn_arg& Arg(int i) const;
+  // xdnn_pytorch::Scalar::create(float); Decline for a float64 op whose
+  // value a float cannot hold.
+  xdnn_pytorch::Scalar FloatScalar(double value) const;
+  bool HasFloat64Tensor() const;
 
   xdnn::Context* const ctx_;
   const flagos_xdnn_call& call_;

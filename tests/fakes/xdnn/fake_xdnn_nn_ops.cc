@@ -1327,9 +1327,10 @@ int native_layer_norm_backward(xdnn::Context* ctx, const Tensor& grad_out, const
 }
 
 int softmax(xdnn::Context* ctx, const Tensor& self, int64_t dim, bool half_to_float, Tensor& out) {
-  return SoftmaxCall(kFn_softmax, ctx, self, dim, half_to_float, out, [](auto tag, Bound x, Along g, Bound y, bool lie) {
-    return SoftmaxKernel<decltype(tag)>(x, g, y, lie);
-  });
+  return SoftmaxCall(kFn_softmax, ctx, self, dim, half_to_float, out,
+                     [](auto tag, Bound x, Along g, Bound y, bool lie) {
+                       return SoftmaxKernel<decltype(tag)>(x, g, y, lie);
+                     });
 }
 
 int softmax_backward_data(xdnn::Context* ctx, const Tensor& grad_output, const Tensor& output, int64_t dim,

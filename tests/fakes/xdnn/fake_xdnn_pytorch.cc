@@ -68,47 +68,50 @@ int OpOf(const char* var, const std::string& name) {
   return fn;
 }
 
+// The comma-separated items of `var`, empty ones left out (none when unset).
+std::vector<std::string> Items(const char* var) {
+  std::vector<std::string> out;
+  if (const char* v = std::getenv(var)) {
+    for (std::string& item : Split(v, ',')) {
+      if (!item.empty()) out.push_back(std::move(item));
+    }
+  }
+  return out;
+}
+
+// An item "op:<what>" of `var`: the op's function and the <what>.
+std::pair<int, std::string> OpAnd(const char* var, const std::string& item, const char* what) {
+  const std::vector<std::string> f = Split(item, ':');
+  if (f.size() != 2) ConfigError(var, "'" + item + "' is not op:" + what);
+  return {OpOf(var, f[0]), f[1]};
+}
+
 void ParseConfig(Config& cfg) {
-  if (const char* v = std::getenv("FAKE_XDNN_NOT_IMPLEMENT")) {
-    for (const std::string& item : Split(v, ',')) {
-      if (item.empty()) continue;
-      const std::vector<std::string> f = Split(item, ':');
-      if (f.size() != 2) ConfigError("FAKE_XDNN_NOT_IMPLEMENT", "'" + item + "' is not op:dtype");
-      const int fn = OpOf("FAKE_XDNN_NOT_IMPLEMENT", f[0]);
-      uint32_t bits = 0;
-      if (f[1] == "*") {
-        bits = (1u << kDtypeCount) - 1;
-      } else {
-        for (int d = 0; d < kDtypeCount; ++d) {
-          if (f[1] == kDtypeNames[d]) bits = 1u << d;
-        }
-        if (bits == 0) ConfigError("FAKE_XDNN_NOT_IMPLEMENT", "unknown dtype '" + f[1] + "'");
+  for (const std::string& item : Items("FAKE_XDNN_NOT_IMPLEMENT")) {
+    const auto [fn, dtype] = OpAnd("FAKE_XDNN_NOT_IMPLEMENT", item, "dtype");
+    uint32_t bits = 0;
+    if (dtype == "*") {
+      bits = (1u << kDtypeCount) - 1;
+    } else {
+      for (int d = 0; d < kDtypeCount; ++d) {
+        if (dtype == kDtypeNames[d]) bits = 1u << d;
       }
-      cfg.not_implement[fn] |= bits;
+      if (bits == 0) ConfigError("FAKE_XDNN_NOT_IMPLEMENT", "unknown dtype '" + dtype + "'");
     }
+    cfg.not_implement[fn] |= bits;
   }
-  if (const char* v = std::getenv("FAKE_XDNN_LIE")) {
-    for (const std::string& item : Split(v, ',')) {
-      if (item.empty()) continue;
-      cfg.lie[OpOf("FAKE_XDNN_LIE", item)] = true;
-    }
-  }
-  if (const char* v = std::getenv("FAKE_XDNN_FAIL")) {
-    for (const std::string& item : Split(v, ',')) {
-      if (item.empty()) continue;
-      const std::vector<std::string> f = Split(item, ':');
-      if (f.size() != 2) ConfigError("FAKE_XDNN_FAIL", "'" + item + "' is not op:code");
-      const int fn = OpOf("FAKE_XDNN_FAIL", f[0]);
-      if (f[1] == "INVALID_PARAM") {
-        cfg.fail[fn] = xdnn::INVALID_PARAM;
-      } else if (f[1] == "RUNTIME_ERROR") {
-        cfg.fail[fn] = xdnn::RUNTIME_ERROR;
-      } else if (f[1] == "NO_ENOUGH_WORKSPACE") {
-        cfg.fail[fn] = xdnn::NO_ENOUGH_WORKSPACE;
-      } else {
-        ConfigError("FAKE_XDNN_FAIL", "unknown code '" + f[1] +
-                                          "' (INVALID_PARAM, RUNTIME_ERROR or NO_ENOUGH_WORKSPACE)");
-      }
+  for (const std::string& item : Items("FAKE_XDNN_LIE")) cfg.lie[OpOf("FAKE_XDNN_LIE", item)] = true;
+  for (const std::string& item : Items("FAKE_XDNN_FAIL")) {
+    const auto [fn, code] = OpAnd("FAKE_XDNN_FAIL", item, "code");
+    if (code == "INVALID_PARAM") {
+      cfg.fail[fn] = xdnn::INVALID_PARAM;
+    } else if (code == "RUNTIME_ERROR") {
+      cfg.fail[fn] = xdnn::RUNTIME_ERROR;
+    } else if (code == "NO_ENOUGH_WORKSPACE") {
+      cfg.fail[fn] = xdnn::NO_ENOUGH_WORKSPACE;
+    } else {
+      ConfigError("FAKE_XDNN_FAIL",
+                  "unknown code '" + code + "' (INVALID_PARAM, RUNTIME_ERROR or NO_ENOUGH_WORKSPACE)");
     }
   }
 }
