@@ -103,7 +103,7 @@ ABSL_FLAG(std::string, ops_conf, "",
           "/etc/flagos/kunlunxin-ops.conf when it exists, else the built-in file.");
 ABSL_FLAG(std::string, xdnn_module, "",
           "kunlunxin: the xdnn binding module (libflagos_kunlunxin_xdnn.so) to load. Default: "
-          "$FLAGOS_KUNLUNXIN_XDNN_MODULE, else <flagosd's directory>/../lib/flagos/. Without "
+          "$FLAGOS_KUNLUNXIN_XDNN_MODULE, else <flagosd's directory>/../lib/flagosd/. Without "
           "one every kunlunxin operator takes cpu_fallback.");
 ABSL_FLAG(std::string, op_route, "",
           "Route every operator this way instead of by the backend's ops.conf: native or "

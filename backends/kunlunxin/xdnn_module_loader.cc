@@ -87,7 +87,7 @@ absl::StatusOr<XdnnModule> LoadXdnnModule(const std::string& explicit_path) {
   const std::string dir = ExecutableDirectory();
   if (!dir.empty()) {
     for (const std::string& candidate :
-         {absl::StrCat(dir, "/../lib/flagos/", kModuleFile), absl::StrCat(dir, "/", kModuleFile)}) {
+         {absl::StrCat(dir, "/../lib/flagosd/", kModuleFile), absl::StrCat(dir, "/", kModuleFile)}) {
       if (IsFile(candidate)) return Open(candidate, "beside flagosd");
       looked.push_back(candidate);
     }

@@ -3,7 +3,7 @@
 //
 // Where: `explicit_path` (flagosd --xdnn-module, or FLAGOS_KUNLUNXIN_XDNN_MODULE)
 // when given, and then only it; otherwise beside flagosd, in
-// <flagosd's directory>/../lib/flagos/ (the build tree's and the Debian
+// <flagosd's directory>/../lib/flagosd/ (the build tree's and the Debian
 // package's layout) and then flagosd's own directory.
 //
 // The module needs libxdnn_pytorch.so: found through the module's RUNPATH

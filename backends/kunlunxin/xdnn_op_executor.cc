@@ -168,9 +168,8 @@ class CallDescriptors {
 
 class XdnnOpExecutor final : public OpExecutor {
  public:
-  XdnnOpExecutor(DeviceRuntime& runtime, KunlunxinStreams& streams, XdnnModule module,
-                 std::vector<KernelFact> facts)
-      : runtime_(runtime), streams_(streams), module_(std::move(module)), facts_(std::move(facts)) {
+  XdnnOpExecutor(KunlunxinStreams& streams, XdnnModule module, std::vector<KernelFact> facts)
+      : streams_(streams), module_(std::move(module)), facts_(std::move(facts)) {
     for (int32_t i = 0; i < module_.module->nops; ++i) bound_.insert(module_.module->ops[i]);
   }
 
@@ -311,7 +310,6 @@ class XdnnOpExecutor final : public OpExecutor {
     return c10::toString(static_cast<c10::ScalarType>(dtype));
   }
 
-  DeviceRuntime& runtime_;
   KunlunxinStreams& streams_;
   const XdnnModule module_;
   const std::vector<KernelFact> facts_;
@@ -326,7 +324,7 @@ std::unique_ptr<OpExecutor> CreateXdnnOpExecutor(DeviceRuntime& runtime, XdnnMod
                                                  std::vector<KernelFact> facts) {
   KunlunxinStreams* streams = AsKunlunxinStreams(runtime);
   if (streams == nullptr || module.module == nullptr) return nullptr;
-  return std::make_unique<XdnnOpExecutor>(runtime, *streams, std::move(module), std::move(facts));
+  return std::make_unique<XdnnOpExecutor>(*streams, std::move(module), std::move(facts));
 }
 
 }  // namespace flagos

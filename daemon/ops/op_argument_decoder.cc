@@ -1,8 +1,6 @@
 // Decodes an OpCall's arguments by the op's schema (op_argument_decoder.h).
 #include "ops/op_argument_decoder.h"
 
-#include "flagos/op_executor.h"
-
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -16,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "flagos/op_executor.h"
 #include "ops/op_error_context.h"
 #include "ops/op_generators.h"
 #include "protocol/command_validation.h"

@@ -580,11 +580,14 @@ Kernel LayerNormKernel(RowGeom g, double eps, Bound input, OptBound weight, OptB
         var += d * d;
       }
       var /= static_cast<double>(g.n);
-      const double rs = 1.0 / std::sqrt(std::max(var, 0.0) + eps);
+      // rstd as aten forms it, in T with eps converted to T: a row of one
+      // element (or of equal ones) has exactly aten's 1/sqrt(eps), which
+      // the backward's grad_weight depends on to its last bit.
+      const T rs = T(1) / std::sqrt(static_cast<T>(std::max(var, 0.0)) + static_cast<T>(eps));
       mv[Z(r)] = mu;
-      rv[Z(r)] = g.n == 0 ? std::numeric_limits<double>::quiet_NaN() : rs;
+      rv[Z(r)] = g.n == 0 ? std::numeric_limits<double>::quiet_NaN() : static_cast<double>(rs);
       for (int64_t j = 0; j < g.n; ++j) {
-        double v = (static_cast<double>(row[j]) - mu) * rs;
+        double v = (static_cast<double>(row[j]) - mu) * static_cast<double>(rs);
         if (weight) v *= static_cast<double>(w[Z(j)]);
         if (bias) v += static_cast<double>(b[Z(j)]);
         y[Z(r * g.n + j)] = v;
@@ -624,36 +627,48 @@ int LayerNorm(xdnn::Context* ctx, const Tensor& input_raw, const std::vector<int
                        });
 }
 
-// aten's LayerNormBackwardKernelImpl: per row, with w = weight (or 1),
-// a = rstd, ds = sum(dy*w*x), db = sum(dy*w):
-//   dx = a*dy*w + b*x + c,  b = (db*mean - ds)*a^3/n,  c = -b*mean - db*a/n;
-// dgamma = sum over rows of dy*(x-mean)*rstd, dbeta = sum over rows of dy.
+// aten's LayerNormBackwardKernelImpl, in T as its CPU kernel computes
+// it: per row, with w = weight (or 1), a = rstd, ds = sum(dy*x*w), db =
+// sum(dy*w) (summed in double here, then rounded to T):
+//   dx = a*dy*w + b*x + c,  b = (db*mean - ds)*a*a*a*(1/n),
+//   c = -b*mean - db*a*(1/n);
+// dgamma = sum over rows of dy*(a*x + s), s = -a*mean; dbeta = sum of dy.
+// Its vectorized build (every x86-64 one with AVX2 or AVX-512) contracts
+// db*mean - ds, -b*mean - ..., b*x + a*dy*w and a*x + s into fused
+// multiply-adds, and so does this kernel (std::fma): where x == mean (a row
+// of one element, or of equal elements) aten's x - mean is not exactly 0
+// but the rounding error of a product, large when rstd is 1/sqrt(eps), and
+// that is what aten returns (OpInfo compares such a row: grad_weight
+// 2.8e-5 for x = mean = -4.3228, rstd = 316.23, dy = -1.17, not 0). For a
+// row of one element this reproduces aten bit for bit; otherwise ds and db
+// are rounded once instead of in aten's lane order.
 template <typename T>
 Kernel LayerNormBackwardKernel(RowGeom g, Bound grad_out, Bound input, Bound mean, Bound rstd, OptBound weight,
                                OptBound gi, OptBound gw, OptBound gb, bool lie) {
   return [=]() {
     const std::vector<T> dy = GatherAll<T>(grad_out), x = GatherAll<T>(input), w = GatherOpt<T>(weight);
     const std::vector<T> mv = GatherAll<T>(mean), rv = GatherAll<T>(rstd);
-    std::vector<double> dx(gi ? x.size() : 0), dw(gw ? Z(g.n) : 0, 0.0), db(gb ? Z(g.n) : 0, 0.0);
-    const double n = static_cast<double>(g.n);
+    std::vector<T> dx(gi ? x.size() : 0);
+    std::vector<double> dw(gw ? Z(g.n) : 0, 0.0), db(gb ? Z(g.n) : 0, 0.0);
+    const T scale = g.n == 0 ? T(0) : T(1) / static_cast<T>(g.n);  // no elements: no rows to use it
+    auto wj = [&](int64_t j) { return weight ? w[Z(j)] : T(1); };
     for (int64_t r = 0; r < g.m; ++r) {
-      const double mu = static_cast<double>(mv[Z(r)]), a = static_cast<double>(rv[Z(r)]);
-      auto wj = [&](int64_t j) { return weight ? static_cast<double>(w[Z(j)]) : 1.0; };
+      const T mu = mv[Z(r)], a = rv[Z(r)], shift = -a * mu;
       double ds = 0, dbs = 0;
       for (int64_t j = 0; j < g.n; ++j) {
         const size_t k = Z(r * g.n + j);
-        const double dyw = static_cast<double>(dy[k]) * wj(j);
-        ds += dyw * static_cast<double>(x[k]);
-        dbs += dyw;
-        if (gw) dw[Z(j)] += static_cast<double>(dy[k]) * (static_cast<double>(x[k]) - mu) * a;
+        ds += static_cast<double>(dy[k] * x[k] * wj(j));
+        dbs += static_cast<double>(dy[k] * wj(j));
+        if (gw) dw[Z(j)] += static_cast<double>(dy[k]) * static_cast<double>(std::fma(a, x[k], shift));
         if (gb) db[Z(j)] += static_cast<double>(dy[k]);
       }
       if (gi) {
-        const double bb = (dbs * mu - ds) * a * a * a / n;
-        const double cc = -bb * mu - dbs * a / n;
+        const T dst = static_cast<T>(ds), dbt = static_cast<T>(dbs);
+        const T bb = std::fma(dbt, mu, -dst) * a * a * a * scale;
+        const T cc = std::fma(-bb, mu, -(dbt * a * scale));
         for (int64_t j = 0; j < g.n; ++j) {
           const size_t k = Z(r * g.n + j);
-          dx[k] = a * static_cast<double>(dy[k]) * wj(j) + bb * static_cast<double>(x[k]) + cc;
+          dx[k] = std::fma(bb, x[k], a * dy[k] * wj(j)) + cc;
         }
       }
     }
