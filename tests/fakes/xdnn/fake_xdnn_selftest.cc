@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "xdnn_pytorch/xdnn_pytorch.h"
+#include "../selftest_checks.h"  // CHECK, CHECK_RC, REQUIRE (on g_failures, below)
 #include "xpurt_symbols.h"
 
 #define SELFTEST_DECLARE(name, params) extern "C" int name params;
@@ -46,32 +47,6 @@ constexpr int kH2D = flagos::kunlunxin::kXpuMemcpyHostToDevice;
 
 int g_failures = 0;
 int64_t g_delay_us = 200;
-
-#define CHECK(cond)                                                                \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                                \
-    }                                                                              \
-  } while (0)
-
-#define CHECK_RC(expr, want)                                                                      \
-  do {                                                                                            \
-    const int rc_ = (expr);                                                                       \
-    if (rc_ != (want)) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s returned %d, want %d\n", __FILE__, __LINE__, #expr, rc_,    \
-                   static_cast<int>(want));                                                       \
-      ++g_failures;                                                                               \
-    }                                                                                             \
-  } while (0)
-
-#define REQUIRE(cond)                                                                \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      std::fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 const Scalar kOne = Scalar::create(int64_t{1});
 

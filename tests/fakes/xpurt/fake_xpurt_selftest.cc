@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "fake_xpurt_codes.h"
+#include "../selftest_checks.h"  // CHECK, CHECK_RC, REQUIRE (on g_failures, below)
 #include "xpurt_symbols.h"
 
 namespace {
@@ -61,32 +62,6 @@ int64_t g_delay_us = 200;
 std::atomic<int> g_failures{0};
 int g_inconclusive = 0;
 int g_unjudged = 0;  // timing checks that never got an observation in time
-
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                           \
-    }                                                                         \
-  } while (0)
-
-#define CHECK_RC(expr, want)                                                  \
-  do {                                                                        \
-    int rc_ = (expr);                                                         \
-    if (rc_ != (want)) {                                                      \
-      std::fprintf(stderr, "%s:%d: %s returned %d, want %d\n", __FILE__, __LINE__, #expr, rc_, \
-                   static_cast<int>(want));                                   \
-      ++g_failures;                                                           \
-    }                                                                         \
-  } while (0)
-
-#define REQUIRE(cond)                                                         \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 bool AllBytes(const std::vector<unsigned char>& v, unsigned char b) {
   for (unsigned char c : v) {
