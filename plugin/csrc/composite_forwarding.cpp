@@ -42,8 +42,12 @@ uint8_t CompositeRouteOf(const c10::OperatorHandle& op, const OpTraits& traits) 
   uint8_t route = traits.composite.load(std::memory_order_relaxed);
   if (route != OpTraits::kCompositeUnknown) return route;
   const std::unordered_set<std::string>* reported = ReportedCompositeOps();
-  route = reported == nullptr || reported->count(traits.describe) > 0 ? OpTraits::kCompositeForward
-                                                                      : DecompositionOf(op);
+  // A daemon that sends no report runs whole what has a CPU kernel (what
+  // flagosd's ATen kernels can run); one that reports says which.
+  const bool forward = reported == nullptr
+                           ? op.hasKernelForDispatchKey(c10::DispatchKey::CPU)
+                           : reported->count(traits.describe) > 0;
+  route = forward ? OpTraits::kCompositeForward : DecompositionOf(op);
   traits.composite.store(route, std::memory_order_relaxed);
   return route;
 }
@@ -63,6 +67,13 @@ void CompositeOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+bool ReturnsAView(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& r : schema.returns()) {
+    if (r.alias_info() != nullptr) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int ForwardCompositeOps() {
@@ -76,12 +87,16 @@ int ForwardCompositeOps() {
     for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
       std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(name);
-      if (!op.has_value() || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-        continue;
-      }
+      if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
       if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
           !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+        continue;
+      }
+      // Without a CPU kernel: only what a daemon's own kernels may run whole
+      // (a native route binds embedding, which ATen's CPU runs decomposed).
+      // Views (expand, permute, t, ...) stay PyTorch's unboxed composite
+      // kernels: no daemon runs them, and they are on every step's path.
+      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU) && ReturnsAView(op->schema())) {
         continue;
       }
       std::string qualified = name.name.substr(6);

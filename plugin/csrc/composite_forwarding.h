@@ -11,12 +11,14 @@
 namespace torch_fl {
 
 // Registers, once at import, a PrivateUse1 kernel for every composite
-// operator of this torch that has a CPU kernel (the operators a daemon
-// can run whole); returns how many. Which way a call goes is decided at
-// an operator's first call, from the daemon's report read once from the
-// session's handshake: forwarded when listed, decomposed when not. A
-// daemon that sends no report (one from before the field) gets all of
-// them forwarded. FLAGOS_COMPOSITE_OPS=decompose registers none (every
+// operator of this torch that a daemon may run whole: those with a CPU
+// kernel (ATen's), and those without one that return no view (a native
+// route's kernel: the kunlunxin xdnn module binds embedding, which ATen
+// runs decomposed everywhere); returns how many. Which way a call goes is
+// decided at an operator's first call, from the daemon's report read once
+// from the session's handshake: forwarded when listed, decomposed when
+// not. A daemon that sends no report (one from before the field) gets
+// those with a CPU kernel forwarded. FLAGOS_COMPOSITE_OPS=decompose registers none (every
 // composite operator runs decomposed).
 int ForwardCompositeOps();
 

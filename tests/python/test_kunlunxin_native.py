@@ -201,8 +201,17 @@ def test_a_cnn_with_batch_norm_and_a_transformer_train_native(start_daemon, run_
         assert result[kind]["param_err"] < 1e-5, result
     native = metric(url, "flagosd_ops_total", route="native")
     fallback = metric(url, "flagosd_ops_total", route="cpu_fallback")
-    # What stays on cpu_fallback: batch norm's int64 step count (the fake's
-    # add refuses int64) and the embedding lookup (a synchronous call).
+    declined = metric(url, "flagosd_native_declined_total")
+    print(f"native {native:.0f}, cpu_fallback {fallback:.0f} (declined {declined:.0f})")
+    # Every call the routes send native runs native (the embedding lookup
+    # too: a composite operator forwarded whole, since the daemon reports
+    # it runs it), but for the ones the library declines at run time: batch
+    # norm's int64 step count (the fake's add refuses int64). Besides:
+    # loss.item(), 2 models x 3 steps, a value read back (_local_scalar_dense,
+    # the host copy of 4 bytes).
+    assert fallback == declined + 6, (native, fallback, declined)
+    assert re.findall(r"native kernels declined (\S+) \(", daemon.log()) == ["aten::add_.Tensor"], \
+        daemon.log()
     assert native / (native + fallback) >= 0.9, (native, fallback)
 
 
