@@ -84,8 +84,14 @@ def test_training_resumes_from_its_checkpoint_after_flagosd_restarts(
     assert "docs/usage.md" in message, message
     got = losses_by_step(out)
     assert sorted(got) == list(range(200))
+    # Same data and weights, so the same losses, up to the rounding of the
+    # daemon's CPU kernels, which is not bitwise the same from run to run
+    # under load: once in the ASan pass (a loaded 2-core machine) the replayed
+    # step 10 gave 0.496253371 against 0.496252388 (2e-6, about 16 ulp),
+    # though its weights came from the checkpoint. A resume on other data or
+    # weights is off by orders of magnitude more than 1e-5.
     for s in range(200):
-        assert got[s] == pytest.approx(expected[s], rel=1e-6, abs=1e-9), (s, got[s], expected[s])
+        assert got[s] == pytest.approx(expected[s], rel=1e-5, abs=1e-9), (s, got[s], expected[s])
     # The resumed run replayed the steps since its checkpoint, then went on.
     assert out.count("step 10 loss") == 2 or step == 10, out[:2000]
 
