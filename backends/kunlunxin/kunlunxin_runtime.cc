@@ -619,6 +619,12 @@ class KunlunxinRuntime final : public DeviceRuntime, public KunlunxinStreams {
     return issued;
   }
 
+  absl::Status OnDevice(int device, absl::FunctionRef<absl::Status()> call) override {
+    if (absl::StatusOr<XpuDevice*> d = Device(device); !d.ok()) return d.status();
+    if (absl::Status r = Use(device); !r.ok()) return r;
+    return call();
+  }
+
   // Makes `device` the vendor's current device on this thread.
   absl::Status Use(int device) const {
     CurrentDevice& current = t_current_device;

@@ -62,6 +62,10 @@ class KunlunxinStreams {
   // REQUIRES: calls issuing to one stream are serialised (runtime.h).
   virtual absl::Status IssueOnStream(int device, StreamHandle stream,
                                      absl::FunctionRef<absl::Status(void* xpu_stream)> issue) = 0;
+  // Makes `device` the vendor's current device on this thread and calls
+  // `call` (a vendor call that binds to the current device, such as
+  // bkcl_init_rank). INVALID_ARGUMENT for an unknown device.
+  virtual absl::Status OnDevice(int device, absl::FunctionRef<absl::Status()> call) = 0;
 };
 
 // The runtime's KunlunxinStreams; nullptr for a runtime of another backend.

@@ -63,7 +63,8 @@ void AddUnique(std::vector<std::string>* dirs, std::string dir) {
   if (std::find(dirs->begin(), dirs->end(), dir) == dirs->end()) dirs->push_back(std::move(dir));
 }
 
-// The SDK's directories, in search order.
+}  // namespace
+
 std::vector<std::string> SdkDirs(const XpurtSearch& search) {
   std::vector<std::string> dirs;
   if (!search.xpu_root.empty()) {
@@ -74,6 +75,8 @@ std::vector<std::string> SdkDirs(const XpurtSearch& search) {
   AddUnique(&dirs, kDefaultSdkSoDir);
   return dirs;
 }
+
+namespace {
 
 std::vector<std::string> XdnnDirs(const XpurtSearch& search) {
   std::vector<std::string> dirs;

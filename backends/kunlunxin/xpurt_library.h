@@ -62,6 +62,11 @@ struct XpurtSearch {
   XpurtSearch WithEnvironment() const;
 };
 
+// The XPU SDK's library directories, in search order: $XPU_ROOT/so,
+// $XPU_ROOT/lib, $XPU_ROOT/xcudart/lib (when xpu_root is set), then
+// /usr/local/xpu/so. (BKCL is looked for there too: bkcl_library.h.)
+std::vector<std::string> SdkDirs(const XpurtSearch& search);
+
 class XpurtLibrary {
  public:
   // FAILED_PRECONDITION naming what is missing, where it was looked for and

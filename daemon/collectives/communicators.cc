@@ -34,6 +34,7 @@ struct Communicators::Communicator {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Round>> rounds;
   int waiting = 0;                 // ranks inside Arrive
   absl::Status broken;             // the error that broke it, OK while it works
+  std::shared_ptr<CommunicatorState> state;  // the collective library's, if any
 };
 
 namespace {
@@ -74,6 +75,7 @@ absl::Status Communicators::Arrive(const std::string& key, int rank, int nranks,
         "collective on communicator ", key, ": rank ", rank, " of ", nranks,
         " is not a rank of a group of that size"));
   }
+  std::vector<std::shared_ptr<CommunicatorState>> dropped;  // released after the lock
   absl::MutexLock lock(&mu_);
   if (auto it = broken_.find(key); it != broken_.end()) return it->second;
   std::unique_ptr<Communicator>& slot = comms_[key];
@@ -98,7 +100,7 @@ absl::Status Communicators::Arrive(const std::string& key, int rank, int nranks,
   ++comm->waiting;
   absl::Status status = ArriveLocked(comm, key, rank, std::move(arrival), bytes, timeout, combine);
   --comm->waiting;
-  MaybeForget(key);
+  MaybeForget(key, &dropped);
   return status;
 }
 
@@ -186,15 +188,31 @@ absl::Status Communicators::ArriveLocked(Communicator* comm, const std::string& 
 }
 
 void Communicators::Destroy(const std::string& key, int rank) {
+  std::vector<std::shared_ptr<CommunicatorState>> dropped;  // released after the lock
   absl::MutexLock lock(&mu_);
   auto it = comms_.find(key);
   if (it == comms_.end()) return;
   if (rank >= 0 && rank < it->second->nranks) it->second->destroyed[rank] = true;
-  MaybeForget(key);
+  MaybeForget(key, &dropped);
+}
+
+std::shared_ptr<CommunicatorState> Communicators::State(
+    const std::string& key, absl::FunctionRef<std::unique_ptr<CommunicatorState>()> make) {
+  absl::MutexLock lock(&mu_);
+  auto it = comms_.find(key);
+  if (it == comms_.end()) return nullptr;
+  if (it->second->state == nullptr) it->second->state = make();
+  return it->second->state;
+}
+
+void Communicators::CountLibraryCollective() {
+  absl::MutexLock lock(&mu_);
+  ++by_library_;
 }
 
 void Communicators::LeaveSession(uint64_t session) {
   if (session == 0) return;
+  std::vector<std::shared_ptr<CommunicatorState>> dropped;  // released after the lock
   absl::MutexLock lock(&mu_);
   std::vector<std::string> touched;
   for (auto& [key, comm] : comms_) {
@@ -218,10 +236,11 @@ void Communicators::LeaveSession(uint64_t session) {
       ++failed_;
     }
   }
-  for (const std::string& key : touched) MaybeForget(key);
+  for (const std::string& key : touched) MaybeForget(key, &dropped);
 }
 
-void Communicators::MaybeForget(const std::string& key) {
+void Communicators::MaybeForget(const std::string& key,
+                                std::vector<std::shared_ptr<CommunicatorState>>* dropped) {
   auto it = comms_.find(key);
   if (it == comms_.end()) return;
   Communicator* comm = it->second.get();
@@ -231,7 +250,14 @@ void Communicators::MaybeForget(const std::string& key) {
   // A broken communicator is forgotten as soon as no rank waits in it (a
   // rank that crashed never destroys it), and remembered as broken.
   if (!comm->broken.ok()) RememberBroken(key, comm->broken);
-  if (all_destroyed || !comm->broken.ok()) comms_.erase(it);
+  if (all_destroyed || !comm->broken.ok()) {
+    if (comm->state != nullptr) {
+      // Wakes the ranks' device work that waits for a peer which failed.
+      if (!comm->broken.ok()) comm->state->Abort();
+      dropped->push_back(std::move(comm->state));
+    }
+    comms_.erase(it);
+  }
 }
 
 void Communicators::RememberBroken(const std::string& key, const absl::Status& why) {
@@ -245,7 +271,7 @@ void Communicators::RememberBroken(const std::string& key, const absl::Status& w
 
 CollectiveCounts Communicators::counts() const {
   absl::MutexLock lock(&mu_);
-  return {completed_, bytes_, failed_, comms_.size()};
+  return {completed_, by_library_, bytes_, failed_, comms_.size()};
 }
 
 }  // namespace flagos::daemon

@@ -60,9 +60,21 @@ struct CollectiveArrival {
 // Counts the daemon shows on /metrics and GetStats.
 struct CollectiveCounts {
   uint64_t collectives = 0;   // rounds completed (one per collective, not per rank)
+  uint64_t by_library = 0;    // of those, run by the backend's collective library (BKCL)
   uint64_t bytes = 0;         // bytes the completed rounds' ranks contributed
   uint64_t failed = 0;        // rounds that ended in an error
   uint64_t communicators = 0; // communicators alive now
+};
+
+// What a backend's collective library keeps for a communicator's life (its
+// ranks' contexts, device_collectives.h): made by the first round that asks
+// for it (Communicators::State) and destroyed once the communicator is
+// forgotten, outside the daemon's locks; Abort() first when it broke (a
+// rank's part may wait on the device for peers that will not come).
+class CommunicatorState {
+ public:
+  virtual ~CommunicatorState() = default;
+  virtual void Abort() {}
 };
 
 // The session whose operator runs on this thread: set by the session
@@ -119,6 +131,16 @@ class Communicators {
   // forgotten. Unknown keys are ignored (a rank that never ran a collective).
   void Destroy(const std::string& key, int rank);
 
+  // Communicator `key`'s library state, made by `make` if it has none.
+  // Call from a round's Combine (the communicator exists while one runs);
+  // nullptr for a communicator that is gone.
+  std::shared_ptr<CommunicatorState> State(
+      const std::string& key, absl::FunctionRef<std::unique_ptr<CommunicatorState>()> make);
+
+  // A round that the backend's collective library ran completed (counted
+  // once per round, by its rank 0).
+  void CountLibraryCollective();
+
   CollectiveCounts counts() const;
 
   // The largest group one daemon forms: each rank is a session of its own,
@@ -132,7 +154,11 @@ class Communicators {
   absl::Status ArriveLocked(Communicator* comm, const std::string& key, int rank,
                             CollectiveArrival arrival, uint64_t bytes, absl::Duration timeout,
                             Combine combine) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeForget(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets communicator `key` when it is done or broke and nobody waits in
+  // it; its library state goes to `dropped`, for the caller to release
+  // after unlocking.
+  void MaybeForget(const std::string& key, std::vector<std::shared_ptr<CommunicatorState>>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Remembers why communicator `key` broke, once it is forgotten: a rank
   // that arrives later fails at once instead of forming it anew and
@@ -149,6 +175,7 @@ class Communicators {
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t by_library_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace flagos::daemon

@@ -18,6 +18,8 @@
 #include "execution/composite_ops.h"
 #include "execution/route_kernel_facts.h"
 #include "flagos/op_executor.h"
+#include "bkcl_collectives.h"
+#include "collectives/library_collectives.h"
 #include "kunlunxin_runtime.h"
 #include "logging.h"
 #include "xdnn_module_loader.h"
@@ -145,6 +147,8 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
   std::unique_ptr<OpExecutor> native;
   std::string native_description;
   std::string native_absent_why;
+  std::unique_ptr<DeviceCollectives> collectives;
+  std::string collectives_description = "flagosd's own threads";
   if (name == kCpuBackendName) {
     native = CreateCpuOpExecutor();
     native_description = "ATen CPU";
@@ -183,6 +187,24 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
                            routes->native_count(), " overloads routed native by ",
                            routes_origin));
     }
+    // The collectives: BKCL over device memory when it loads, else the
+    // daemon's host route (library_collectives.h).
+    absl::StatusOr<std::unique_ptr<DeviceCollectives>> bkcl =
+        CreateBkclCollectives(*runtime, kunlunxin::BkclSearch());
+    if (bkcl.ok()) {
+      collectives = *std::move(bkcl);
+      native = CreateLibraryCollectiveExecutor(*collectives, runtime->DeviceCount(),
+                                               std::move(native));
+      routes->RouteNamespace(LibraryCollectivesNamespace(), OpRoute::kNative);
+      collectives_description = collectives->description();
+      LogInfo(absl::StrCat("kunlunxin: collectives run through ", collectives_description));
+    } else if (absl::IsNotFound(bkcl.status())) {
+      collectives_description = absl::StrCat("flagosd's host route (", bkcl.status().message(), ")");
+      LogInfo(absl::StrCat("kunlunxin: collectives run on flagosd's host route (cpu_fallback): ",
+                           bkcl.status().message()));
+    } else {
+      return bkcl.status();
+    }
   }
   if (native == nullptr && (routes->native_count() > 0 ||
                             routes->default_route() == OpRoute::kNative)) {
@@ -204,6 +226,8 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
   backend->routes_origin_ = std::move(routes_origin);
   backend->native_description_ = std::move(native_description);
   backend->native_absent_why_ = std::move(native_absent_why);
+  backend->collectives_ = std::move(collectives);
+  backend->collectives_description_ = std::move(collectives_description);
   return backend;
 }
 

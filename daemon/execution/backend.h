@@ -18,6 +18,7 @@
 #include "ops/op_routes.h"
 
 namespace flagos {
+class DeviceCollectives;
 class OpExecutor;
 }  // namespace flagos
 
@@ -99,6 +100,9 @@ class Backend {
   // says why (every operator takes cpu_fallback).
   const std::string& native_description() const { return native_description_; }
   const std::string& native_absent_why() const { return native_absent_why_; }
+  // What runs collectives over device memory ("BKCL (<file>)", "flagosd's
+  // own threads", "flagosd's host route (why)").
+  const std::string& collectives_description() const { return collectives_description_; }
 
  private:
   Backend(std::string name, std::unique_ptr<DeviceRuntime> runtime,
@@ -107,6 +111,9 @@ class Backend {
 
   const std::string name_;
   const std::unique_ptr<DeviceRuntime> runtime_;
+  // The vendor collective library, if any: used by native_ (destroyed
+  // before it), using runtime_.
+  std::unique_ptr<DeviceCollectives> collectives_;
   const std::unique_ptr<OpExecutor> native_;
   const std::unique_ptr<OpExecutor> host_;
   const OpRoutes routes_;
@@ -115,6 +122,7 @@ class Backend {
   std::string routes_origin_;
   std::string native_description_;
   std::string native_absent_why_;
+  std::string collectives_description_;
 };
 
 // The version of the torch flagosd was built against ("2.13.0").

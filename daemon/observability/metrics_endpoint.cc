@@ -194,6 +194,10 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
     one("flagosd_collectives_total",
         "Collectives completed (one per collective of a process group, not per rank).",
         MetricType::Counter, collectives.collectives);
+    one("flagosd_collectives_by_library_total",
+        "Of flagosd_collectives_total, those the backend's collective library ran over device "
+        "memory (BKCL on kunlunxin); the others ran on flagosd's own threads.",
+        MetricType::Counter, collectives.by_library);
     one("flagosd_collective_bytes_total",
         "Bytes the ranks of completed collectives contributed (each rank's input).",
         MetricType::Counter, collectives.bytes);

@@ -59,8 +59,20 @@ absl::StatusOr<OpRoutes> OpRoutes::Parse(absl::string_view text, absl::string_vi
 }
 
 OpRoute OpRoutes::RouteOf(absl::string_view op) const {
-  auto it = routes_.find(op);
-  return it == routes_.end() ? default_ : it->second;
+  if (auto it = routes_.find(op); it != routes_.end()) return it->second;
+  if (!namespaces_.empty()) {
+    const size_t colons = op.find("::");
+    if (colons != absl::string_view::npos) {
+      if (auto it = namespaces_.find(op.substr(0, colons)); it != namespaces_.end()) {
+        return it->second;
+      }
+    }
+  }
+  return default_;
+}
+
+void OpRoutes::RouteNamespace(absl::string_view ns, OpRoute route) {
+  namespaces_[std::string(ns)] = route;
 }
 
 }  // namespace flagos::daemon

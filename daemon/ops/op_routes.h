@@ -38,6 +38,10 @@ class OpRoutes {
   // default overload).
   OpRoute RouteOf(absl::string_view op) const;
   OpRoute default_route() const { return default_; }
+  // Every operator of namespace `ns` ("flagos_c10d") that the file does not
+  // name takes `route` instead of the default (the backend's collectives:
+  // library_collectives.h).
+  void RouteNamespace(absl::string_view ns, OpRoute route);
   size_t size() const { return routes_.size(); }
   // Operators routed natively.
   size_t native_count() const { return native_count_; }
@@ -45,6 +49,7 @@ class OpRoutes {
  private:
   OpRoute default_ = OpRoute::kCpuFallback;
   absl::flat_hash_map<std::string, OpRoute> routes_;
+  absl::flat_hash_map<std::string, OpRoute> namespaces_;
   size_t native_count_ = 0;
 };
 

@@ -61,6 +61,23 @@ for _schema in _SCHEMAS.values():
     _library.define(_schema)
 _ops = torch.ops.flagos_c10d
 
+
+# Meta kernels: each collective writes its first argument in place (or
+# nothing), so the client infers its results without asking the daemon and
+# queues it on the tensor's stream like any other operator, instead of
+# waiting for it (a call without a meta kernel is run synchronously, and a
+# synchronous call cannot take the native route over device memory).
+def _returns_first(first, *args):
+    return first
+
+
+def _returns_nothing(*args):
+    return None
+
+
+for _name, _schema in _SCHEMAS.items():
+    _library.impl(_name, _returns_nothing if _schema.endswith("-> ()") else _returns_first, "Meta")
+
 # c10d's ReduceOp::RedOpType values, which the daemon takes.
 _REDUCE_OPS = {
     dist.ReduceOp.SUM: 0, dist.ReduceOp.AVG: 1, dist.ReduceOp.PRODUCT: 2,

@@ -28,7 +28,8 @@ import torch_fl  # noqa: F401  (registers the flagos device and c10d backend)
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 LOCAL = int(os.environ.get("LOCAL_RANK", RANK))
-torch.flagos.set_device(LOCAL % torch.flagos.device_count())
+# FLAGOS_TEST_DEVICE puts every rank on one device (same_device).
+torch.flagos.set_device(int(os.environ.get("FLAGOS_TEST_DEVICE", LOCAL % torch.flagos.device_count())))
 DEV = torch.device("flagos", torch.flagos.current_device())
 TIMEOUT_S = float(os.environ.get("FLAGOS_TEST_PG_TIMEOUT_S", "120"))
 
@@ -73,6 +74,14 @@ def collectives() -> None:
         for r in range(1, WORLD):
             expected = fold(expected, ints[r])
         same(x, expected, f"all_reduce int64 {op}")
+    # Half-precision and int32 (BKCL's other types on kunlunxin).
+    for dtype in (torch.bfloat16, torch.float16):
+        x = value(RANK, dtype=dtype).to(DEV)
+        dist.all_reduce(x)
+        same(x, everyone(dtype=dtype).float().sum(0).to(dtype), f"all_reduce {dtype}")
+    flat = torch.empty(WORLD * 6, dtype=torch.int32, device=DEV)
+    dist.all_gather_into_tensor(flat, value(RANK, dtype=torch.int32).to(DEV))
+    same(flat, everyone(dtype=torch.int32).reshape(-1), "all_gather_into_tensor int32")
     # A non-contiguous view, reduced in place.
     base = value(RANK, 12).reshape(3, 4).to(DEV)
     view = base.t()
@@ -388,6 +397,18 @@ def mismatch() -> None:
                        "of 4 elements on rank 0 and 5 on rank 1")
 
 
+def library_failure() -> None:
+    """The collective library fails to issue (FAKE_BKCL_FAIL=all_reduce): the
+    collective fails on every rank, and so does the broken group's next one."""
+    failing_all_reduce(torch.ones(4, device=DEV), "library_failure", "whose library call failed")
+    failing_all_reduce(torch.ones(4, device=DEV), "library_failure", "on the broken group")
+
+
+def same_device() -> None:
+    """Both ranks on one device (FLAGOS_TEST_DEVICE=0)."""
+    failing_all_reduce(torch.ones(4, device=DEV), "same_device", "of two ranks on one device")
+
+
 def killed() -> None:
     x = torch.ones(4, device=DEV)
     dist.all_reduce(x)
@@ -433,7 +454,8 @@ def restarted() -> None:
 CASES = {"collectives": collectives, "ddp_mlp": lambda: ddp("ddp_mlp"),
          "ddp_syncbn": lambda: ddp("ddp_syncbn"), "fsdp2": fsdp2, "dtensor": dtensor,
          "dcp": dcp, "large": large, "mismatch": mismatch, "killed": killed, "late": late,
-         "restarted": restarted}
+         "restarted": restarted, "library_failure": library_failure,
+         "same_device": same_device}
 
 
 def main() -> None:

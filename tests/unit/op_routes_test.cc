@@ -36,6 +36,20 @@ TEST(OpRouteNameTest, NamesAreTheWordsOfTheFile) {
   EXPECT_EQ(OpRouteName(OpRoute::kCpuFallback), "cpu_fallback");
 }
 
+TEST(OpRoutesTest, ANamespaceRouteCoversItsUnlistedOperatorsOnly) {
+  OpRoutes routes = ParseOk(
+      "default = cpu_fallback\n"
+      "flagos_c10d::send_ = cpu_fallback\n"
+      "aten::mm = native\n");
+  routes.RouteNamespace("flagos_c10d", OpRoute::kNative);
+  EXPECT_EQ(routes.RouteOf("flagos_c10d::all_reduce_"), OpRoute::kNative);
+  EXPECT_EQ(routes.RouteOf("flagos_c10d::send_"), OpRoute::kCpuFallback);  // the file names it
+  EXPECT_EQ(routes.RouteOf("aten::mm"), OpRoute::kNative);
+  EXPECT_EQ(routes.RouteOf("aten::add.Tensor"), OpRoute::kCpuFallback);
+  EXPECT_EQ(routes.RouteOf("flagos_c10d_x::op"), OpRoute::kCpuFallback);
+  EXPECT_EQ(routes.RouteOf("no_namespace"), OpRoute::kCpuFallback);
+}
+
 TEST(OpRoutesTest, ListedOperatorsTakeTheirRoute) {
   const OpRoutes routes = ParseOk(
       "aten::add.Tensor = native\n"
