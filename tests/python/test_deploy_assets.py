@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,7 @@ DAEMONSET = KUBERNETES / "flagosd-daemonset.yaml"
 SERVICE = KUBERNETES / "flagosd-service.yaml"
 SERVICE_MONITOR = KUBERNETES / "flagosd-servicemonitor.yaml"
 WORKLOAD = KUBERNETES / "example-workload.yaml"
+TRAINING_JOB = KUBERNETES / "training-job.yaml"
 
 SOCKET_DIR = "/run/flagosd"
 SOCKET_ENDPOINT = "unix:///run/flagosd/flagosd.sock"
@@ -478,6 +480,37 @@ def test_workload_mounts_the_node_socket_and_names_it() -> None:
     assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
     flagos_gid = ds["spec"]["template"]["spec"]["securityContext"]["runAsGroup"]
     assert flagos_gid in security["supplementalGroups"], (flagos_gid, security)
+
+
+def test_training_job_runs_torchrun_against_the_node_socket(start_daemon, tmp_path) -> None:
+    job = the_object(TRAINING_JOB, "Job")
+    spec = job["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    assert env["FLAGOS_ENDPOINT"] == SOCKET_ENDPOINT
+    assert host_path_mounts(spec, container)[SOCKET_DIR][0] == SOCKET_DIR
+    ds = daemonset()
+    flagos_gid = ds["spec"]["template"]["spec"]["securityContext"]["runAsGroup"]
+    assert flagos_gid in spec["securityContext"]["supplementalGroups"]
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "torch.distributed.run"], command
+    # The script the Job mounts from its ConfigMap, run as the Job runs it
+    # (torchrun, 2 ranks) against a daemon standing in for the node's.
+    config_map = the_object(TRAINING_JOB, "ConfigMap")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    script = Path(command[-1])
+    assert volumes[mounts[str(script.parent)]]["configMap"]["name"] == config_map["metadata"]["name"]
+    local = tmp_path / script.name
+    local.write_text(config_map["data"][script.name])
+    daemon = start_daemon()
+    done = subprocess.run([sys.executable, *command[1:-1], str(local)],
+                          env={**os.environ, "FLAGOS_ENDPOINT": daemon.endpoint,
+                               "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    losses = [float(m) for m in re.findall(r"step +\d+ loss (\S+)", done.stdout)]
+    assert len(losses) == 5 and losses[-1] < losses[0], done.stdout
 
 
 # ------------------------------------------------------------------ a real scrape
