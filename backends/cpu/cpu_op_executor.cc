@@ -48,7 +48,9 @@ std::string OpName(const c10::OperatorHandle& op) {
 c10::Device CpuOpExecutor::AtenDevice(int /*device*/) const { return c10::Device(c10::kCPU); }
 
 bool CpuOpExecutor::HasKernel(const c10::OperatorHandle& op) const {
-  return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) return true;
+  return foreach_lists_ && absl::StartsWith(op.operator_name().name, "aten::_foreach_") &&
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
 }
 
 const std::vector<KernelFact>& CpuOpExecutor::kernel_facts() const { return CpuKernelFacts(); }
@@ -89,9 +91,9 @@ absl::Status CpuOpExecutor::Call(int /*device*/, StreamHandle /*stream*/,
   }
 }
 
-std::unique_ptr<OpExecutor> CreateCpuOpExecutor() {
+std::unique_ptr<OpExecutor> CreateCpuOpExecutor(bool foreach_lists) {
   RegisterFusedRnnKernels();
-  return std::make_unique<CpuOpExecutor>();
+  return std::make_unique<CpuOpExecutor>(foreach_lists);
 }
 
 }  // namespace flagos

@@ -14,6 +14,10 @@ namespace flagos {
 
 class CpuOpExecutor final : public OpExecutor {
  public:
+  // `foreach_lists`: whether HasKernel claims the _foreach_ list operators
+  // (below).
+  explicit CpuOpExecutor(bool foreach_lists = false) : foreach_lists_(foreach_lists) {}
+
   c10::Device AtenDevice(int device) const override;
   at::Tensor WrapDeviceMemory(int device, DevicePtr ptr, c10::IntArrayRef sizes,
                               c10::IntArrayRef strides, c10::ScalarType dtype) override;
@@ -26,13 +30,23 @@ class CpuOpExecutor final : public OpExecutor {
   absl::Status Call(int device, StreamHandle stream, const c10::OperatorHandle& op,
                     torch::jit::Stack* stack) override;
   // ATen's CPU kernel for `op` (registered for DispatchKey::CPU itself, not
-  // a composite implementation).
+  // a composite implementation), or, with `foreach_lists`, for the _foreach_
+  // list operators (which ATen runs on the CPU through their
+  // CompositeExplicitAutograd loop over the list) that loop: so an
+  // optimizer step sends one call per list instead of one per tensor.
   bool HasKernel(const c10::OperatorHandle& op) const override;
   // CpuKernelFacts() (cpu_kernel_facts.h).
   const std::vector<KernelFact>& kernel_facts() const override;
+
+ private:
+  const bool foreach_lists_;
 };
 
-std::unique_ptr<OpExecutor> CreateCpuOpExecutor();
+// The cpu backend's native route runs the _foreach_ lists whole
+// (foreach_lists); the cpu_fallback route of another backend does not
+// claim them, so that a client decomposes them and their per-tensor pieces
+// may take that backend's native kernels.
+std::unique_ptr<OpExecutor> CreateCpuOpExecutor(bool foreach_lists = false);
 
 }  // namespace flagos
 

@@ -150,7 +150,7 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
   std::unique_ptr<DeviceCollectives> collectives;
   std::string collectives_description = "flagosd's own threads";
   if (name == kCpuBackendName) {
-    native = CreateCpuOpExecutor();
+    native = CreateCpuOpExecutor(/*foreach_lists=*/true);
     native_description = "ATen CPU";
   } else if (name == kKunlunxinBackendName) {
     absl::StatusOr<XdnnModule> module = LoadXdnnModule(options.xdnn_module);

@@ -7,8 +7,9 @@
 // kernel.
 //
 // An operator counts when the kernels of its route (ops.conf) have a kernel
-// for it (OpExecutor::HasKernel: ATen's CPU kernel for the cpu backend and
-// for the cpu_fallback route) and it is not in `decomposed`
+// for it (OpExecutor::HasKernel: ATen's CPU kernel, and the _foreach_ lists'
+// CPU loop, for the cpu backend; ATen's CPU kernel for the cpu_fallback
+// route) and it is not in `decomposed`
 // (flagosd --decompose-ops).
 //
 // This header does not include ATen; composite_ops.cc does.
