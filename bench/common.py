@@ -305,7 +305,8 @@ def _cpu_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def _process_seconds(pid: int) -> float:
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used; 0 when unknown."""
     fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
     if len(fields) < 13:
         return 0.0
@@ -330,7 +331,7 @@ class OtherLoad:
         t = os.times()
         ours = t.user + t.system + t.children_user + t.children_system
         if self.daemon:
-            ours += _process_seconds(self.daemon)
+            ours += process_cpu_seconds(self.daemon)
         tick = os.sysconf("SC_CLK_TCK")
         return busy / tick, total / tick, ours
 

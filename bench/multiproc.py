@@ -10,6 +10,14 @@ round of each kind is a warm-up, the median of the other five is reported.
 Scaling is the n-process figure over the 1-process one. A worker that does
 not answer within a minute fails the benchmark (a hang, not a slow run).
 
+CPU per op: each worker reports its process CPU time over the round
+(time.process_time), and for flagos rounds the parent reads flagosd's CPU
+time (/proc/<pid>/stat of FLAGOS_BENCH_DAEMON_PID, which scripts/bench sets) before and after; the
+row is (the workers' CPU + flagosd's) / ops, against the native workers'
+CPU / ops. On a machine with few cores it says why flagos cannot scale
+there: one process with its share of the daemon already keeps that much
+CPU busy per op.
+
 Worker mode (started by the parent, speaks on stdin/stdout):
     python3 bench/multiproc.py --worker --device=flagos --seconds=0.5
 """
@@ -24,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import Context, Row, median, standalone
+from common import Context, Row, median, process_cpu_seconds, standalone
 
 SECTION = "5. tiny-op throughput, several processes"
 PROCESSES = (1, 2, 4)
@@ -61,6 +69,7 @@ def worker(device: str, seconds: float) -> int:
             a = torch.zeros(16, device=device)
             b = torch.ones(16, device=device)
         ops = 0
+        cpu_start = time.process_time()
         start = time.perf_counter()
         deadline = start + seconds
         while True:
@@ -76,7 +85,8 @@ def worker(device: str, seconds: float) -> int:
         if value != float(done):
             print(f"error add_ gave {value}, expected {done}", flush=True)
             return 1
-        print(f"result {ops} {elapsed:.9f}", flush=True)
+        cpu = time.process_time() - cpu_start
+        print(f"result {ops} {elapsed:.9f} {cpu:.9f}", flush=True)
     return 0
 
 
@@ -129,16 +139,22 @@ class _Workers:
                                f"({state})")
         return line
 
-    def round(self) -> float:
-        """One timed round on all workers at once: summed ops per second."""
+    def round(self) -> tuple[float, int, float]:
+        """One timed round on all workers at once: summed ops per second, ops, and
+        the workers' CPU seconds."""
         for proc in self.procs:
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
         total = 0.0
+        all_ops = 0
+        cpu = 0.0
         for i in range(len(self.procs)):
-            _, ops, elapsed = self._expect(i, "result", ROUND_TIMEOUT_S + self.seconds).split()
+            _, ops, elapsed, seconds = self._expect(
+                i, "result", ROUND_TIMEOUT_S + self.seconds).split()
             total += int(ops) / float(elapsed)
-        return total
+            all_ops += int(ops)
+            cpu += float(seconds)
+        return total, all_ops, cpu
 
     def close(self) -> None:
         for proc in self.procs:
@@ -159,6 +175,11 @@ def run(ctx: Context) -> list[Row]:
     rounds = ctx.scale(5, 2)
     start = time.perf_counter()
     rates: dict[str, dict[int, float]] = {"flagos": {}, "cpu": {}}
+    daemon = int(os.environ.get("FLAGOS_BENCH_DAEMON_PID", "0") or 0)
+    # CPU µs per op: the workers' (and, for flagos, the daemon's) over all
+    # measured rounds.
+    cpu_per_op: dict[str, dict[int, float]] = {"flagos": {}, "cpu": {}}
+    daemon_per_op: dict[int, float] = {}
     for n in PROCESSES:
         # Exactly n processes of each kind exist while n is measured; flagos
         # and CPU rounds alternate, so load that drifts hits both alike.
@@ -167,18 +188,31 @@ def run(ctx: Context) -> list[Row]:
             for device in rates:
                 pools[device] = _Workers(device, n, seconds)
             samples: dict[str, list[float]] = {device: [] for device in rates}
+            ops = {device: 0 for device in rates}
+            cpu = {device: 0.0 for device in rates}
+            daemon_cpu = 0.0
             for r in range(rounds + 1):
                 for device, pool in pools.items():
-                    rate = pool.round()
+                    measured = device == "flagos" and daemon > 0
+                    before = process_cpu_seconds(daemon) if measured else 0.0
+                    rate, done, used = pool.round()
                     if r > 0:  # round 0: warm-up (session, registration)
                         samples[device].append(rate)
+                        ops[device] += done
+                        cpu[device] += used
+                        if measured:
+                            daemon_cpu += process_cpu_seconds(daemon) - before
         finally:
             for pool in pools.values():
                 pool.close()
         for device in rates:
             rates[device][n] = median(samples[device])
+            cpu_per_op[device][n] = cpu[device] / max(ops[device], 1) * 1e6
+        daemon_per_op[n] = daemon_cpu / max(ops["flagos"], 1) * 1e6
         ctx.log(f"{n} process(es): flagos {rates['flagos'][n] / 1e3:.1f} kops/s, "
-                f"cpu {rates['cpu'][n] / 1e3:.1f} kops/s")
+                f"cpu {rates['cpu'][n] / 1e3:.1f} kops/s; CPU per op: flagos client "
+                f"{cpu_per_op['flagos'][n]:.2f} µs + flagosd {daemon_per_op[n]:.2f} µs, "
+                f"native {cpu_per_op['cpu'][n]:.2f} µs")
     ctx.log(f"({rounds} rounds of {seconds} s per count, {time.perf_counter() - start:.0f} s "
             f"with process start-up)")
 
@@ -191,6 +225,12 @@ def run(ctx: Context) -> list[Row]:
         rows.append(Row(SECTION, f"scaling: {n} processes ÷ 1", "×",
                         rates["flagos"][n] / rates["flagos"][1], rates["cpu"][n] / rates["cpu"][1],
                         "native CPU scaling", lower_is_better=False, extra=True))
+    if daemon > 0:
+        for n in PROCESSES:
+            rows.append(Row(SECTION, f"CPU per op, {n} process{'es' if n > 1 else ''}: "
+                            "clients + flagosd", "µs", cpu_per_op["flagos"][n] + daemon_per_op[n],
+                            cpu_per_op["cpu"][n], "native CPU per op", lower_is_better=True,
+                            extra=True))
     return rows
 
 

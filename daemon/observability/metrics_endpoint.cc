@@ -1,5 +1,7 @@
 #include "observability/metrics_endpoint.h"
 
+#include <sys/resource.h>
+
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
@@ -104,6 +106,21 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
         MetricType::Gauge);
     Add(native, backend_.native_description().empty() ? 0 : 1, {{"backend", backend_.name()}});
     out.push_back(std::move(native));
+    // The daemon's own CPU time (all its threads), as getrusage reports it:
+    // what serving costs the node, per op when divided by flagosd_ops_total.
+    rusage usage{};
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {
+      const auto seconds = [](const timeval& t) {
+        return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+      };
+      MetricFamily cpu = Family("flagosd_cpu_seconds_total",
+                                "CPU time flagosd's threads used since it started, user and "
+                                "system.",
+                                MetricType::Counter);
+      Add(cpu, seconds(usage.ru_utime), {{"mode", "user"}});
+      Add(cpu, seconds(usage.ru_stime), {{"mode", "system"}});
+      out.push_back(std::move(cpu));
+    }
     MetricFamily start = Family("flagosd_start_time_seconds",
                                 "When this flagosd started, in seconds since the epoch.",
                                 MetricType::Gauge);

@@ -660,6 +660,7 @@ def test_scrape_has_every_metric_the_dashboard_and_rules_use(scraped: dict[str, 
     expected = {
         "flagosd_build_info": {"version", "backend", "torch_version"},
         "flagosd_start_time_seconds": set(),
+        "flagosd_cpu_seconds_total": {"mode"},
         "flagosd_device_memory_total_bytes": {"device"},
         "flagosd_device_memory_used_bytes": {"device"},
         "flagosd_device_memory_reserved_bytes": {"device"},

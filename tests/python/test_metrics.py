@@ -4,6 +4,7 @@ text parser, and checked to move exactly with what a client does."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import urllib.request
 from collections.abc import Callable
@@ -148,6 +149,14 @@ def test_counters_move_exactly_with_activity(metrics_daemon, spawn_python, read_
     assert value(after, "flagosd_sessions") == 0
     assert value(after, "flagosd_device_memory_used_bytes", device="0") == 0
     assert value(after, "flagosd_staging_bytes") == 0
+    # The daemon's CPU time, against what the kernel says of its process
+    # (read just after the scrape: the kernel's figure may only be larger).
+    cpu = lambda s: sum(value(s, "flagosd_cpu_seconds_total", mode=m)  # noqa: E731
+                        for m in ("user", "system"))
+    fields = open(f"/proc/{d.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+    kernel = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    assert cpu(before) < cpu(after) <= kernel + 0.02, (cpu(before), cpu(after), kernel)
+    assert kernel - cpu(after) < 1.0, (cpu(after), kernel)
 
 
 def test_out_of_memory_refusals_are_counted(metrics_daemon, run_python) -> None:
