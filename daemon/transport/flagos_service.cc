@@ -1,5 +1,6 @@
 #include "transport/flagos_service.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,10 +108,16 @@ grpc::Status FlagosService::Counted(grpc::Status status) const {
 }
 
 void FlagosService::AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const {
-  const DeviceRuntime& runtime = backend_.runtime();
   // Closing sessions still hold their segments.
   std::vector<std::shared_ptr<daemon::Session>> sessions = registry_.Snapshot();
   for (auto& session : registry_.Closing()) sessions.push_back(std::move(session));
+  AddDevices(devices, sessions);
+}
+
+void FlagosService::AddDevices(
+    google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices,
+    const std::vector<std::shared_ptr<daemon::Session>>& sessions) const {
+  const DeviceRuntime& runtime = backend_.runtime();
   const std::vector<std::string> capabilities = runtime.capabilities().ImplementedNames();
   const std::vector<std::string> gaps = runtime.capabilities().GapDescriptions();
   for (int d = 0; d < runtime.DeviceCount(); ++d) {
@@ -175,11 +182,19 @@ grpc::Status FlagosService::GetStats(grpc::ServerContext* /*context*/,
                                      const v1::GetStatsRequest* /*request*/,
                                      v1::GetStatsResponse* response) {
   response->set_backend(backend_.name());
-  AddDevices(response->mutable_devices());
-  for (const auto& session : registry_.Snapshot()) *response->add_sessions() = session->Info();
-  for (const auto& session : registry_.Closing()) {
+  // One look at the sessions for the lists and the devices' used memory.
+  std::vector<std::shared_ptr<daemon::Session>> sessions = registry_.Snapshot();
+  for (const auto& session : sessions) *response->add_sessions() = session->Info();
+  const size_t open = sessions.size();
+  for (auto& session : registry_.Closing()) {
+    // One that began closing between the two looks is listed as open.
+    if (std::find(sessions.begin(), sessions.begin() + open, session) != sessions.begin() + open) {
+      continue;
+    }
     *response->add_closing_sessions() = session->Info();
+    sessions.push_back(std::move(session));
   }
+  AddDevices(response->mutable_devices(), sessions);
   response->set_sessions_total(registry_.sessions_total());
   response->set_daemon_version(kDaemonVersion);
   response->set_torch_version(TorchVersion());

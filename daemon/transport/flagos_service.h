@@ -82,6 +82,11 @@ class FlagosService final : public v1::Flagos::Service {
   // segments of all live sessions and the shared segments only importers
   // hold.
   void AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices) const;
+  // The same, with each device's used memory summed over `sessions` (open
+  // and closing): GetStats passes the sessions it lists, so that a reply
+  // never counts the memory of a session it does not list.
+  void AddDevices(google::protobuf::RepeatedPtrField<v1::DeviceInfo>* devices,
+                  const std::vector<std::shared_ptr<daemon::Session>>& sessions) const;
 
   // Counts a call that ends with `status` (rpc errors) and returns it.
   grpc::Status Counted(grpc::Status status) const;
