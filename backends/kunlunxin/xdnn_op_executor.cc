@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "flagos/device_memory_tensor.h"
 #include "kunlunxin_runtime.h"
 #include "xdnn_module_abi.h"
 
@@ -173,18 +174,11 @@ class XdnnOpExecutor final : public OpExecutor {
     for (int32_t i = 0; i < module_.module->nops; ++i) bound_.insert(module_.module->ops[i]);
   }
 
-  c10::Device AtenDevice(int device) const override {
-    return c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
-  }
+  c10::Device AtenDevice(int device) const override { return PrivateUse1Device(device); }
 
   at::Tensor WrapDeviceMemory(int device, DevicePtr ptr, c10::IntArrayRef sizes,
                               c10::IntArrayRef strides, c10::ScalarType dtype) override {
-    const c10::Device where = AtenDevice(device);
-    return at::for_blob(reinterpret_cast<void*>(ptr), sizes)
-        .strides(strides)
-        .target_device(where)
-        .options(at::TensorOptions().dtype(dtype).device(where))
-        .make_tensor();
+    return DeviceMemoryTensor(device, ptr, sizes, strides, dtype);
   }
 
   absl::Status Call(int device, StreamHandle stream, const c10::OperatorHandle& op,

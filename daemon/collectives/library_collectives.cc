@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "collectives/communicators.h"
+#include "flagos/device_memory_tensor.h"
 #include "flagos/op_executor.h"
 
 namespace flagos::daemon {
@@ -166,19 +167,11 @@ class LibraryCollectiveExecutor final : public OpExecutor {
                             std::unique_ptr<OpExecutor> inner)
       : library_(library), devices_(devices), inner_(std::move(inner)) {}
 
-  c10::Device AtenDevice(int device) const override {
-    return c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
-  }
+  c10::Device AtenDevice(int device) const override { return PrivateUse1Device(device); }
 
   at::Tensor WrapDeviceMemory(int device, DevicePtr ptr, c10::IntArrayRef sizes,
                               c10::IntArrayRef strides, c10::ScalarType dtype) override {
-    if (inner_ != nullptr) return inner_->WrapDeviceMemory(device, ptr, sizes, strides, dtype);
-    const c10::Device where = AtenDevice(device);
-    return at::for_blob(reinterpret_cast<void*>(ptr), sizes)
-        .strides(strides)
-        .target_device(where)
-        .options(at::TensorOptions().dtype(dtype).device(where))
-        .make_tensor();
+    return DeviceMemoryTensor(device, ptr, sizes, strides, dtype);
   }
 
   absl::Status Call(int device, StreamHandle stream, const c10::OperatorHandle& op,
