@@ -1,4 +1,4 @@
-"""6. allreduce between 2 ranks on one daemon, against memcpy and gloo.
+"""6. allreduce between 2 ranks on one daemon (and on two), against memcpy and gloo.
 
 Two rank processes form a `cpu:gloo,flagos:flagos` process group on the
 run's daemon (one flagos device each, both served by the same flagosd, the
@@ -13,6 +13,12 @@ memcpy baseline is `ctypes.memmove` of the same size between two touched
 buffers in the parent (one thread). Goals: at least 0.5x memcpy bus
 bandwidth at 64 MiB; at 1 KiB, an allreduce at most 3x a gloo one.
 
+Then the same between two daemons: rank 1 uses a second flagosd the run
+starts (a private daemon per rank, as on two nodes), so each rank's daemon
+joins the group through gloo and the allreduces run between the daemons
+over loopback TCP (docs/distributed.md, "Several nodes"); no goal, the
+figures against the same processes' gloo allreduce of CPU tensors.
+
 Worker mode (two are started by the parent, rank 0 prints the figures):
     python3 bench/allreduce.py --worker --sizes=1024,... --repeats=5
 """
@@ -26,11 +32,14 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from common import Context, Row, median, now, standalone
+from common import Context, PrivateDaemon, Row, median, now, standalone
 
 SECTION = "6. allreduce, 2 ranks on one daemon"
+SECTION_BETWEEN = "6. allreduce, 2 ranks on two daemons"
+BETWEEN_SIZES = [1 << 10, 1 << 20, 64 << 20]
 RANKS = 2
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 QUICK_SIZES = [1 << 10, 1 << 20, 64 << 20]
@@ -58,6 +67,12 @@ def _bus_gbps(nbytes: int, seconds: float) -> float:
 
 def worker(sizes: list[int], repeats: int) -> int:
     import datetime
+
+    # FLAGOS_BENCH_ENDPOINTS ("a,b"): rank r's daemon (before torch_fl reads
+    # FLAGOS_ENDPOINT).
+    if os.environ.get("FLAGOS_BENCH_ENDPOINTS"):
+        os.environ["FLAGOS_ENDPOINT"] = os.environ["FLAGOS_BENCH_ENDPOINTS"].split(",")[
+            int(os.environ["RANK"])]
 
     import torch
     import torch.distributed as dist
@@ -127,14 +142,14 @@ def _memcpy_s(nbytes: int, repeats: int) -> float:
     return median(samples[1:])
 
 
-def run(ctx: Context) -> list[Row]:
-    sizes = QUICK_SIZES if ctx.quick else SIZES
-    repeats = ctx.scale(5, 2)
+def _figures(sizes: list[int], repeats: int, endpoints: str = "") -> dict[int, dict]:
+    """{bytes: {"flagos": s, "gloo": s}} from the two ranks (on the run's
+    daemon, or rank r on the r-th of `endpoints`)."""
     port = str(_free_port())
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker",
            f"--sizes={','.join(map(str, sizes))}", f"--repeats={repeats}"]
     env = {**os.environ, "WORLD_SIZE": str(RANKS), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+           "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "FLAGOS_BENCH_ENDPOINTS": endpoints}
     procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, text=True) for r in range(RANKS)]
     outputs = []
@@ -150,8 +165,27 @@ def run(ctx: Context) -> list[Row]:
     if bad:
         raise RuntimeError(f"allreduce ranks exited with {bad}: {outputs[0][-2000:]}")
     line = next(l for l in outputs[0].splitlines() if l.startswith("result "))
-    figures = {int(k): v for k, v in json.loads(line[len("result "):]).items()}
+    return {int(k): v for k, v in json.loads(line[len("result "):]).items()}
 
+
+def run(ctx: Context) -> list[Row]:
+    if os.environ.get("FLAGOS_ENDPOINT"):
+        return _run(ctx)
+    # Run alone: both ranks need one daemon, which the run starts.
+    with tempfile.TemporaryDirectory(prefix="flagos-bench-allreduce.") as workdir:
+        daemon = PrivateDaemon(f"unix:{workdir}/flagosd.sock", Path(workdir) / "flagosd.log")
+        os.environ["FLAGOS_ENDPOINT"] = daemon.endpoint
+        try:
+            return _run(ctx)
+        finally:
+            del os.environ["FLAGOS_ENDPOINT"]
+            daemon.stop()
+
+
+def _run(ctx: Context) -> list[Row]:
+    sizes = QUICK_SIZES if ctx.quick else SIZES
+    repeats = ctx.scale(5, 2)
+    figures = _figures(sizes, repeats)
     rows = []
     for nbytes in sizes:
         flagos_s, gloo_s = figures[nbytes]["flagos"], figures[nbytes]["gloo"]
@@ -170,6 +204,27 @@ def run(ctx: Context) -> list[Row]:
             rows.append(Row(SECTION, f"latency, {_size_name(nbytes)}", "µs", flagos_s * 1e6,
                             gloo_s * 1e6, "gloo, CPU tensors", lower_is_better=True,
                             goal=GOAL_LATENCY))
+
+    between_sizes = BETWEEN_SIZES[:1] + BETWEEN_SIZES[-1:] if ctx.quick else BETWEEN_SIZES
+    with tempfile.TemporaryDirectory(prefix="flagos-bench-allreduce.") as workdir:
+        second = PrivateDaemon(f"unix:{workdir}/flagosd.sock", Path(workdir) / "flagosd.log")
+        try:
+            figures = _figures(between_sizes, repeats,
+                               f"{os.environ['FLAGOS_ENDPOINT']},{second.endpoint}")
+        finally:
+            second.stop()
+    for nbytes in between_sizes:
+        flagos_s, gloo_s = figures[nbytes]["flagos"], figures[nbytes]["gloo"]
+        ctx.log(f"{_size_name(nbytes)} between daemons: flagos {flagos_s * 1e6:.1f} us "
+                f"({_bus_gbps(nbytes, flagos_s):.2f} GB/s), gloo {gloo_s * 1e6:.1f} us")
+        if nbytes == between_sizes[0]:
+            rows.append(Row(SECTION_BETWEEN, f"latency, {_size_name(nbytes)}", "µs",
+                            flagos_s * 1e6, gloo_s * 1e6, "gloo, CPU tensors",
+                            lower_is_better=True))
+        else:
+            rows.append(Row(SECTION_BETWEEN, f"bus bandwidth, {_size_name(nbytes)}", "GB/s",
+                            _bus_gbps(nbytes, flagos_s), _bus_gbps(nbytes, gloo_s),
+                            "gloo, CPU tensors", lower_is_better=False))
     return rows
 
 

@@ -73,6 +73,37 @@ def stop_process(proc) -> None:
             proc.wait()
 
 
+FLAGOSD = REPO / "build" / "bin" / "flagosd"
+DAEMON_READY_TIMEOUT_S = 120.0
+
+
+class PrivateDaemon:
+    """A flagosd (cpu backend) of the benchmark's own on `listen`, logging to
+    `log`; .endpoint once it listens; stop() ends it."""
+
+    def __init__(self, listen: str, log: Path, *args: str) -> None:
+        import re
+
+        self.log = log
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [str(FLAGOSD), f"--listen={listen}", "--backend=cpu", "--metrics-listen=", *args],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + DAEMON_READY_TIMEOUT_S
+        while True:
+            text = self.log.read_text(errors="replace")
+            if match := re.search(r"listening on (\S+)", text):
+                self.endpoint = match.group(1)
+                return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the benchmark's flagosd did not start:\n{text}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
 def synchronize(device) -> None:
     """Waits for all work queued on `device` (a no-op on the CPU)."""
     import torch

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import subprocess
 import sys
@@ -27,14 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, Context, Row, median, standalone, stop_process
+from common import (DAEMON_DAEMON_READY_TIMEOUT_S, FLAGOSD, Context, PrivateDaemon, Row, median,
+                    standalone)
 
 SECTION = "7. TCP on loopback"
 ITEM_GOAL = 2.0  # .item() <= 2 x a raw TCP ping-pong
 BULK_GOAL = 0.5  # copies >= 0.5 x raw TCP throughput
 SIZES_MIB = (64, 256)
-FLAGOSD = REPO / "build" / "bin" / "flagosd"
-READY_TIMEOUT_S = 120.0
 ANSWER_TIMEOUT_S = 120.0
 
 
@@ -109,37 +107,12 @@ def _pingpong(ctx: Context, *args: str, key: str) -> float:
     raise RuntimeError(f"{ctx.pingpong} printed no {key}= line:\n{out}")
 
 
-class _Daemon:
-    """A flagosd on 127.0.0.1 (an ephemeral port), stopped on exit."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.log = workdir / "flagosd-tcp.log"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [str(FLAGOSD), "--listen=127.0.0.1:0", "--insecure-tcp", "--backend=cpu",
-                 "--cpu-devices=1", "--device-memory=2GiB", "--metrics-listen="],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            text = self.log.read_text(errors="replace")
-            if match := re.search(r"listening on (127\.0\.0\.1:\d+)", text):
-                self.endpoint = match.group(1)
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the TCP flagosd did not start:\n{text}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-
-
 class _Worker:
     def __init__(self, endpoint: str) -> None:
         env = dict(os.environ, FLAGOS_ENDPOINT=endpoint)
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._expect("ready", READY_TIMEOUT_S)
+        self._expect("ready", DAEMON_READY_TIMEOUT_S)
 
     def _line(self, timeout: float) -> str:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -183,7 +156,9 @@ def run(ctx: Context) -> list[Row]:
     flagos: dict[tuple[str, int], list[float]] = {}
     raw: dict[int, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="flagos-bench-tcp.") as workdir:
-        daemon = _Daemon(Path(workdir))
+        # On 127.0.0.1, an ephemeral port.
+        daemon = PrivateDaemon("127.0.0.1:0", Path(workdir) / "flagosd-tcp.log", "--insecure-tcp",
+                               "--cpu-devices=1", "--device-memory=2GiB")
         try:
             w = _Worker(daemon.endpoint)
             try:

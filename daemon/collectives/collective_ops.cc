@@ -23,6 +23,8 @@
 #include "absl/time/time.h"
 #include "collectives/collective_ops.h"
 #include "collectives/communicators.h"
+#include "collectives/groups_between_daemons.h"
+#include "collectives/rank_between_daemons.h"
 #include "collectives/sync_batch_norm_kernels.h"
 
 namespace flagos::daemon {
@@ -122,6 +124,25 @@ void Run(const std::string& comm, int64_t rank, int64_t nranks, std::string sign
   TORCH_CHECK(status.ok(), status.message());
 }
 
+// The calling session's rank in `comm` when its group spans daemons (it
+// joined with join_group; groups_between_daemons.h), else null: the
+// collective meets its peers in this daemon's communicators.
+std::shared_ptr<RankBetweenDaemons> Between(c10::string_view comm) {
+  return GroupsBetweenDaemons::Get().Find(CollectiveCaller::session(), std::string(comm));
+}
+
+// Runs `collective` on a rank between daemons, counting it for /metrics.
+template <typename F>
+void Counted(uint64_t bytes, F collective) {
+  try {
+    collective();
+  } catch (...) {
+    GroupsBetweenDaemons::Get().Count(0, /*ok=*/false);
+    throw;
+  }
+  GroupsBetweenDaemons::Get().Count(bytes, /*ok=*/true);
+}
+
 // The `part`-th of `parts` near-equal ranges of [0, n).
 std::pair<int64_t, int64_t> Share(int64_t n, size_t part, size_t parts) {
   const int64_t chunk = (n + static_cast<int64_t>(parts) - 1) / static_cast<int64_t>(parts);
@@ -131,8 +152,13 @@ std::pair<int64_t, int64_t> Share(int64_t n, size_t part, size_t parts) {
 
 at::Tensor& AllReduce(at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
                       int64_t op, double timeout_s) {
-  Run(std::string(comm), rank, nranks, Describe("all_reduce", self, ReduceOpName(op)),
-      {self, self}, Bytes(self), timeout_s, [op](const std::vector<Buffers*>& all, size_t part) {
+  std::string signature = Describe("all_reduce", self, ReduceOpName(op));
+  if (auto between = Between(comm)) {
+    Counted(Bytes(self), [&] { between->AllReduce(self, op, signature, timeout_s); });
+    return self;
+  }
+  Run(std::string(comm), rank, nranks, std::move(signature), {self, self}, Bytes(self), timeout_s,
+      [op](const std::vector<Buffers*>& all, size_t part) {
         bool contiguous = true;
         for (Buffers* b : all) contiguous = contiguous && b->out.is_contiguous();
         if (!contiguous) {
@@ -171,9 +197,13 @@ at::Tensor& Broadcast(at::Tensor& self, c10::string_view comm, int64_t rank, int
                       int64_t root, double timeout_s) {
   TORCH_CHECK(root >= 0 && root < nranks, "flagos broadcast: root ", root, " is not a rank of ",
               nranks);
+  std::string signature = Describe("broadcast", self, absl::StrCat("root ", root));
+  if (auto between = Between(comm)) {
+    Counted(Bytes(self), [&] { between->Broadcast(self, root, signature, timeout_s); });
+    return self;
+  }
   // Each rank's part copies the root's tensor into its own.
-  Run(std::string(comm), rank, nranks, Describe("broadcast", self, absl::StrCat("root ", root)),
-      {self, self}, Bytes(self), timeout_s,
+  Run(std::string(comm), rank, nranks, std::move(signature), {self, self}, Bytes(self), timeout_s,
       [root](const std::vector<Buffers*>& all, size_t part) {
         if (static_cast<int64_t>(part) == root) return;
         all[part]->out.copy_(all[root]->in.reshape(all[part]->out.sizes()));
@@ -197,10 +227,15 @@ at::Tensor& AllGather(at::Tensor& out, const at::Tensor& input, c10::string_view
               input.numel() * nranks);
   TORCH_CHECK(out.scalar_type() == input.scalar_type(), "flagos all_gather: output dtype ",
               out.scalar_type(), " differs from input dtype ", input.scalar_type());
+  std::string signature = Describe("all_gather", input);
+  if (auto between = Between(comm)) {
+    Counted(Bytes(input), [&] { between->AllGather(out, input, signature, timeout_s); });
+    return out;
+  }
   // Each rank's part fills its own output. An input may be its rank's own
   // output block (FSDP2 gathers in place): that block is not copied onto
   // itself, and no other part writes it.
-  Run(std::string(comm), rank, nranks, Describe("all_gather", input), {out, input}, Bytes(input),
+  Run(std::string(comm), rank, nranks, std::move(signature), {out, input}, Bytes(input),
       timeout_s, [nranks](const std::vector<Buffers*>& all, size_t part) {
         const at::Tensor blocks = Blocks(all[part]->out, nranks, "all_gather", "output");
         for (size_t s = 0; s < all.size(); ++s) {
@@ -218,10 +253,15 @@ at::Tensor& ReduceScatter(at::Tensor& out, const at::Tensor& input, c10::string_
               " output elements are ", out.numel() * nranks);
   TORCH_CHECK(out.scalar_type() == input.scalar_type(), "flagos reduce_scatter: output dtype ",
               out.scalar_type(), " differs from input dtype ", input.scalar_type());
+  std::string signature = Describe("reduce_scatter", input, ReduceOpName(op));
+  if (auto between = Between(comm)) {
+    Counted(Bytes(input), [&] { between->ReduceScatter(out, input, op, signature, timeout_s); });
+    return out;
+  }
   // Each rank's part reduces block r of every input into its own output
   // (through a temporary: the output may be that rank's own input block).
-  Run(std::string(comm), rank, nranks, Describe("reduce_scatter", input, ReduceOpName(op)),
-      {out, input}, Bytes(input), timeout_s,
+  Run(std::string(comm), rank, nranks, std::move(signature), {out, input}, Bytes(input),
+      timeout_s,
       [op, nranks](const std::vector<Buffers*>& all, size_t part) {
         std::vector<at::Tensor> blocks;
         for (Buffers* b : all) {
@@ -283,6 +323,12 @@ at::Tensor& AllToAll(at::Tensor& out, const at::Tensor& input, at::IntArrayRef o
                           Splits(input, input_splits, nranks, "input")};
   const std::string signature = absl::StrCat("all_to_all ", c10::toString(input.scalar_type()),
                                              "[rows of ", RowNumel(input), "]");
+  if (auto between = Between(comm)) {
+    Counted(Bytes(input), [&] {
+      between->AllToAll(out, input, buffers.out_splits, buffers.in_splits, signature, timeout_s);
+    });
+    return out;
+  }
   // Part 0 does it all: an input may be its rank's output, so every input
   // is read before any output is written.
   Run(std::string(comm), rank, nranks, signature, std::move(buffers), Bytes(input), timeout_s,
@@ -332,6 +378,10 @@ void Deliver(const std::vector<Buffers*>& pair, size_t part) {
 void Send(const at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
           int64_t dst, int64_t tag, double timeout_s) {
   CheckPeer("send", rank, dst, nranks);
+  if (auto between = Between(comm)) {
+    Counted(Bytes(self), [&] { between->Send(self, dst, tag, timeout_s); });
+    return;
+  }
   Run(PairKey(comm, rank, dst, tag), 0, 2, Describe("send/recv", self), {self, self},
       Bytes(self), timeout_s, Deliver);
 }
@@ -339,13 +389,35 @@ void Send(const at::Tensor& self, c10::string_view comm, int64_t rank, int64_t n
 at::Tensor& Recv(at::Tensor& self, c10::string_view comm, int64_t rank, int64_t nranks,
                  int64_t src, int64_t tag, double timeout_s) {
   CheckPeer("recv", rank, src, nranks);
+  if (auto between = Between(comm)) {
+    Counted(0, [&] { between->Recv(self, src, tag, timeout_s); });
+    return self;
+  }
   Run(PairKey(comm, src, rank, tag), 1, 2, Describe("send/recv", self), {self, self}, 0,
       timeout_s, Deliver);
   return self;
 }
 
 void DestroyCommunicator(const at::Tensor& /*anchor*/, c10::string_view comm, int64_t rank) {
+  GroupsBetweenDaemons::Get().Leave(CollectiveCaller::session(), std::string(comm));
   Communicators::Get().Destroy(std::string(comm), static_cast<int>(rank));
+}
+
+// The calling session becomes rank `rank` of `nranks` of communicator
+// `comm`, a group whose ranks are sessions of different daemons: they meet
+// in the c10d TCPStore at store_host:store_port (the client's), and the
+// communicator's collectives then run through gloo between the daemons.
+void JoinGroup(const at::Tensor& /*anchor*/, c10::string_view comm, int64_t rank, int64_t nranks,
+               c10::string_view store_host, int64_t store_port, double timeout_s) {
+  TORCH_CHECK(nranks >= 1 && nranks <= Communicators::kMaxRanks, "flagos join_group: a group of ",
+              nranks, " ranks; flagosd forms groups of 1 to ", Communicators::kMaxRanks, " ranks");
+  TORCH_CHECK(rank >= 0 && rank < nranks, "flagos join_group: rank ", rank, " of ", nranks,
+              " is not a rank of a group of that size");
+  const absl::Status s = GroupsBetweenDaemons::Get().Join(
+      CollectiveCaller::session(), CollectiveCaller::pid(), std::string(comm),
+      static_cast<int>(rank), static_cast<int>(nranks), std::string(store_host),
+      static_cast<int>(store_port), Timeout(timeout_s));
+  TORCH_CHECK(s.ok(), s.message());
 }
 
 }  // namespace
@@ -372,6 +444,8 @@ TORCH_LIBRARY(flagos_c10d, m) {
   m.def("recv_(Tensor(a!) self, str comm, int rank, int nranks, int src, int tag, "
         "float timeout_s) -> Tensor(a!)");
   m.def("destroy_communicator(Tensor anchor, str comm, int rank) -> ()");
+  m.def("join_group(Tensor anchor, str comm, int rank, int nranks, str store_host, "
+        "int store_port, float timeout_s) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flagos_c10d, CPU, m) {
@@ -383,6 +457,7 @@ TORCH_LIBRARY_IMPL(flagos_c10d, CPU, m) {
   m.impl("send_", &Send);
   m.impl("recv_", &Recv);
   m.impl("destroy_communicator", &DestroyCommunicator);
+  m.impl("join_group", &JoinGroup);
 }
 
 }  // namespace flagos::daemon

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "collectives/communicators.h"
+#include "collectives/groups_between_daemons.h"
 #include "flagos/device_memory_tensor.h"
 #include "flagos/op_executor.h"
 
@@ -219,6 +220,9 @@ class LibraryCollectiveExecutor final : public OpExecutor {
     *timeout_s = a.back().toDouble();
     if (*nranks < 1 || *rank < 0 || *rank >= *nranks) {
       return DeclinedError("a rank outside its group");
+    }
+    if (GroupsBetweenDaemons::Get().Find(CollectiveCaller::session(), *comm) != nullptr) {
+      return DeclinedError("a group that spans daemons: gloo between them, on the host route");
     }
     if (*nranks > devices_) {
       return DeclinedError("more ranks than devices: the library runs one rank per device");

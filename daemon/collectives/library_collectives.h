@@ -15,7 +15,8 @@
 // takes the host route (cpu_fallback: device→host, the daemon's threads,
 // host→device): a dtype it has no type for, avg and the bitwise reductions,
 // non-contiguous tensors, uneven all_to_all splits (or a library without
-// all-to-all), a group with more ranks than the node has devices. The
+// all-to-all), a group with more ranks than the node has devices, a group
+// that spans daemons (groups_between_daemons.h: gloo, on host memory). The
 // decision depends only on what every rank's call shares, so all ranks take
 // the same route; a rank that takes the other one fails the collective on
 // every rank, naming both (the signatures differ).

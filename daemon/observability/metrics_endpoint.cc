@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "collectives/communicators.h"
+#include "collectives/groups_between_daemons.h"
 #include "transport/flagos_service.h"
 #include "sessions/session_registry.h"
 
@@ -223,6 +224,23 @@ class MetricsEndpoint::LiveState final : public prometheus::Collectable {
         MetricType::Counter, collectives.failed);
     one("flagosd_communicators", "Communicators of torch.distributed process groups alive now.",
         MetricType::Gauge, collectives.communicators);
+    // Collectives of this daemon's ranks in groups that span daemons (gloo).
+    const BetweenDaemonsCounts between = GroupsBetweenDaemons::Get().counts();
+    one("flagosd_collectives_between_daemons_total",
+        "Collectives this daemon's ranks completed in process groups that span daemons, through "
+        "gloo between the daemons (one per rank: a group's collective counts on each rank's "
+        "daemon).",
+        MetricType::Counter, between.collectives);
+    one("flagosd_collective_between_daemons_bytes_total",
+        "Bytes this daemon's ranks gave to the collectives of flagosd_collectives_between_daemons_total.",
+        MetricType::Counter, between.bytes);
+    one("flagosd_collective_between_daemons_failures_total",
+        "Collectives of this daemon's ranks in groups that span daemons that ended in an error (a "
+        "peer gone, the timeout, calls that differ).",
+        MetricType::Counter, between.failed);
+    one("flagosd_ranks_between_daemons",
+        "Ranks this daemon's sessions hold now in process groups that span daemons.",
+        MetricType::Gauge, between.ranks);
 
     for (MetricFamily& family : metrics_.registry()->Collect()) out.push_back(std::move(family));
     return out;

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collectives/communicators.h"
+#include "collectives/groups_between_daemons.h"
 #include "logging.h"
 #include "protocol/command_validation.h"
 
@@ -305,6 +306,10 @@ Session::CloseSummary Session::Close() {
   // at the timeout, and its own workers waiting in a collective return
   // (before the streams below are drained).
   Communicators::Get().LeaveSession(id_);
+  // Its ranks in groups that span daemons leave a note for their peers now,
+  // and end once its streams drained (a collective running on them may be
+  // writing into its memory; its gloo connections then close).
+  GroupsBetweenDaemons::Get().NoteSessionLeft(id_);
   StreamTable::Map queues = streams_.TakeAll();
   for (auto& [key, state] : queues) state->queue->Stop();
   // The device may still be running what the queues issued: wait for it and
@@ -328,6 +333,7 @@ Session::CloseSummary Session::Close() {
     }
     clear_streams_.clear();
   }
+  GroupsBetweenDaemons::Get().LeaveSession(id_);
   // Every record task has run or was dropped: releasing the table destroys
   // the backend events.
   events_.Clear();

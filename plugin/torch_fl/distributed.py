@@ -13,9 +13,11 @@ communicator from the sessions of the ranks (the key rank 0 publishes in
 the c10d Store) and runs each collective once every rank reached it.
 Collectives on CPU tensors go to a gloo process group over the same Store.
 
-Where it stands: every rank must use the same daemon (one node, one shared
-daemon); ranks on different daemons are refused at the group's creation
-(collectives between daemons are not built yet). recv from any source is
+When the ranks are sessions of different daemons (several nodes, or a
+private daemon per rank), each rank's daemon joins the group through gloo
+(torch's ProcessGroupGloo inside flagosd), meeting the others in the c10d
+TCPStore the group was formed on; the collectives then run between the
+daemons over TCP, still on the daemons' memory. recv from any source is
 refused naming what to use instead.
 """
 from __future__ import annotations
@@ -54,6 +56,8 @@ _SCHEMAS = {
     "recv_": "recv_(Tensor(a!) self, str comm, int rank, int nranks, int src, int tag, "
              "float timeout_s) -> Tensor(a!)",
     "destroy_communicator": "destroy_communicator(Tensor anchor, str comm, int rank) -> ()",
+    "join_group": "join_group(Tensor anchor, str comm, int rank, int nranks, str store_host, "
+                  "int store_port, float timeout_s) -> ()",
 }
 
 _library = torch.library.Library("flagos_c10d", "DEF")
@@ -131,15 +135,18 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         self._group_desc = ""
         self._timeout_s = timeout.total_seconds() if timeout else 1800.0
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
-        self._comm = self._rendezvous(store)
         self._anchor = None
-        self._finalizer = weakref.finalize(self, ProcessGroupFlagos._destroy, self._comm, rank,
-                                           [None])
+        self._finalizer = None
+        self._comm = self._rendezvous(store)
+        if self._finalizer is None:
+            self._finalizer = weakref.finalize(self, ProcessGroupFlagos._destroy, self._comm, rank,
+                                               [None])
 
     def _rendezvous(self, store) -> str:
         # Rank 0 names the communicator; every rank says which daemon
-        # session it is, and each checks that all are sessions of its own
-        # daemon (collectives between daemons are not built yet).
+        # session it is. When all are sessions of one daemon, its
+        # communicators form the group at the first collective; else (each
+        # rank sees it alike) every rank's daemon joins it through gloo now.
         if self._rank == 0:
             store.set("flagos/comm", f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
         self._session = _C._session_id()
@@ -151,14 +158,27 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         mine = {f"{socket.gethostname()}/{s['pid']}/{s['id']}"
                 for s in _C._daemon_stats("")["sessions"]}
         elsewhere = [r for r, p in enumerate(peers) if p not in mine]
+        self.between_daemons = bool(elsewhere)
         if elsewhere:
+            self._join_between_daemons(store, comm, elsewhere)
+        return comm
+
+    def _join_between_daemons(self, store, comm: str, elsewhere: list) -> None:
+        base = getattr(store, "_underlying_non_prefix_store", store)
+        if not isinstance(base, dist.TCPStore):
             raise RuntimeError(
                 f"flagos process group: rank{'s' if len(elsewhere) > 1 else ''} "
                 f"{', '.join(map(str, elsewhere))} use{'' if len(elsewhere) > 1 else 's'} another "
-                f"flagosd than rank {self._rank} ({_C._endpoint()}): collectives between daemons "
-                "are not built yet; point every rank's FLAGOS_ENDPOINT at one daemon "
+                f"flagosd than rank {self._rank} ({_C._endpoint()}), and the daemons of such a "
+                f"group meet in its c10d Store, which must be a TCPStore (torchrun, or "
+                f"init_method 'env://' or 'tcp://'); this group's is a {type(base).__name__} "
                 "(docs/distributed.md)")
-        return comm
+        self._anchor = torch.empty(0, device=torch.device("flagos", torch.flagos.current_device()))
+        self._finalizer = weakref.finalize(self, ProcessGroupFlagos._destroy, comm, self._rank,
+                                           [self._anchor])
+        _ops.join_group(self._anchor, comm, self._rank, self._size, base.host, base.port,
+                        self._timeout_s)
+        torch.flagos.synchronize()  # the join's errors surface here, at the group's creation
 
     @staticmethod
     def _destroy(comm: str, rank: int, anchor: list) -> None:

@@ -19,15 +19,20 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-from torch import nn
-
-import torch_fl  # noqa: F401  (registers the flagos device and c10d backend)
-
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 LOCAL = int(os.environ.get("LOCAL_RANK", RANK))
+# FLAGOS_TEST_ENDPOINTS ("a,b"): rank r uses the r-th daemon (a private
+# daemon per rank: the group spans daemons).
+if os.environ.get("FLAGOS_TEST_ENDPOINTS"):
+    os.environ["FLAGOS_ENDPOINT"] = os.environ["FLAGOS_TEST_ENDPOINTS"].split(",")[RANK]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+import torch_fl  # noqa: F401,E402  (registers the flagos device and c10d backend)
+
 # FLAGOS_TEST_DEVICE puts every rank on one device (same_device).
 torch.flagos.set_device(int(os.environ.get("FLAGOS_TEST_DEVICE", LOCAL % torch.flagos.device_count())))
 DEV = torch.device("flagos", torch.flagos.current_device())
@@ -468,6 +473,9 @@ def main() -> None:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S), **bound)
     expected = backend or "flagos:flagos"
     assert dist.get_backend_config() == expected, (dist.get_backend_config(), expected)
+    if os.environ.get("FLAGOS_TEST_ENDPOINTS"):
+        group = dist.group.WORLD._get_backend(DEV)
+        assert group.between_daemons, "a private daemon per rank, yet the group is one daemon's"
     CASES[case]()
     dist.destroy_process_group()
 

@@ -205,7 +205,15 @@ def test_a_collective_whose_sizes_differ_across_ranks_fails_on_every_rank(daemon
 def test_a_killed_rank_fails_its_peers_collective_at_once_naming_it(daemon, run_python) -> None:
     # The timeout is long: the error must come from rank 1's session
     # closing, not from the timeout.
-    (code0, out0, err0), (code1, _, _) = launch(daemon, "killed", FLAGOS_TEST_PG_TIMEOUT_S="600")
+    killed_rank_named(launch(daemon, "killed", FLAGOS_TEST_PG_TIMEOUT_S="600"))
+    after = settled(daemon, quiet)
+    assert quiet(after), after
+    serves_on(daemon, run_python)
+
+
+def killed_rank_named(results: list[tuple[int, str, str]]) -> None:
+    """Rank 1 was SIGKILLed; both of rank 0's collectives after named it."""
+    (code0, out0, err0), (code1, _, _) = results
     assert code1 == -9
     assert code0 == 0, out0 + err0[-6000:]
     lines = reports(out0, "killed")
@@ -213,9 +221,9 @@ def test_a_killed_rank_fails_its_peers_collective_at_once_naming_it(daemon, run_
     for line in lines:
         assert re.search(r"rank 1 \(process \d+\) left the process group: its session with "
                          r"flagosd closed", line), line
-    after = settled(daemon, quiet)
-    assert quiet(after), after
-    # The daemon serves on.
+
+
+def serves_on(daemon, run_python) -> None:
     check = run_python("import torch, torch_fl; print((torch.ones(3, device='flagos') * 2).sum().item())",
                        env={"FLAGOS_ENDPOINT": daemon.endpoint})
     assert check.returncode == 0 and check.stdout.strip() == "6.0", check.stderr

@@ -1,0 +1,160 @@
+"""torch.distributed on flagos tensors when the ranks use different daemons
+(docs/distributed.md, "Several nodes"): each rank's flagosd joins the group
+through gloo (torch's ProcessGroupGloo inside flagosd), and the collectives
+run between the daemons over TCP, on the daemons' memory.
+
+Two daemons of the run's backend on this machine, one per rank (a private
+daemon per rank, as two nodes would each have theirs), over loopback. The
+workload (tests/distributed/workload.py, FLAGOS_TEST_ENDPOINTS) is the one
+test_distributed.py runs on a shared daemon: every collective and the
+training cases against plain torch on the CPU, and the faults. On kunlunxin
+the collectives take the host route (the fake BKCL does not span daemons).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from test_distributed import (WORKLOAD, crash_and_restart, env_for, finish, free_port,
+                              killed_rank_named, launch, metrics, ok, reports, serves_on, settled,
+                              spawn, summed, torchrun)
+
+
+@pytest.fixture
+def daemons(start_daemon):
+    return [start_daemon(extra_args=["--metrics-listen=127.0.0.1:0"]) for _ in range(2)]
+
+
+def endpoints(daemons) -> dict[str, str]:
+    return {"FLAGOS_TEST_ENDPOINTS": ",".join(d.endpoint for d in daemons)}
+
+
+def quiet(samples: dict[str, float]) -> bool:
+    return (samples.get("flagosd_ranks_between_daemons", -1) == 0
+            and samples.get("flagosd_communicators", -1) == 0
+            and summed(samples, "flagosd_sessions") == 0)
+
+
+def all_quiet(daemons) -> list[dict[str, float]]:
+    after = [settled(d, quiet) for d in daemons]
+    for samples in after:
+        assert quiet(samples), samples  # no rank, communicator or session outlives the job
+    return after
+
+
+def test_every_collective_between_two_daemons_matches_its_arithmetic(daemons) -> None:
+    ok(torchrun(daemons[0], "collectives", **endpoints(daemons)), "collectives")
+    for samples in all_quiet(daemons):
+        # Each daemon ran its own rank's part of every collective, through
+        # gloo; none met in a daemon's own communicators.
+        assert samples["flagosd_collectives_between_daemons_total"] >= 20, samples
+        assert samples["flagosd_collective_between_daemons_bytes_total"] > 0, samples
+        assert samples["flagosd_collective_between_daemons_failures_total"] == 0, samples
+        assert samples["flagosd_collectives_total"] == 0, samples
+
+
+def test_no_tensor_byte_of_a_collective_between_daemons_passes_through_the_clients(
+        daemons) -> None:
+    before = [metrics(d) for d in daemons]
+    ok(torchrun(daemons[0], "large", **endpoints(daemons)), "large")
+    for b, a in zip(before, all_quiet(daemons)):
+        given = (a["flagosd_collective_between_daemons_bytes_total"]
+                 - b.get("flagosd_collective_between_daemons_bytes_total", 0))
+        copied = summed(a, "flagosd_copy_bytes_total") - summed(b, "flagosd_copy_bytes_total")
+        # This daemon's rank: 4 allreduces x 16 MiB (and a barrier's bytes).
+        assert 4 * (16 << 20) <= given < 4 * (16 << 20) + 4096, a
+        assert copied < 64 << 10, (copied, a)
+
+
+@pytest.mark.parametrize("case", ["ddp_mlp", "ddp_syncbn", "fsdp2", "dtensor", "dcp"])
+def test_training_between_two_daemons_matches_one_process(daemons, case) -> None:
+    ok(torchrun(daemons[0], case, **endpoints(daemons)), case)
+    all_quiet(daemons)
+
+
+def test_calls_that_differ_across_daemons_fail_on_every_rank_naming_both(daemons) -> None:
+    result = torchrun(daemons[0], "mismatch", **endpoints(daemons))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    lines = reports(result.stdout, "mismatch")
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        assert re.search(r"collective #0 on communicator \S+: rank 0 called all_reduce\(sum\) "
+                         r"Float\[4\], rank 1 called all_reduce\(sum\) Float\[5\]: every rank "
+                         r"must call the same collectives", line), line
+    for samples in all_quiet(daemons):
+        assert samples["flagosd_collective_between_daemons_failures_total"] == 1, samples
+
+
+def test_a_killed_rank_fails_its_peer_on_another_daemon_naming_it(daemons, run_python) -> None:
+    # The timeout is long: the error must come from rank 1's session
+    # closing in its daemon, not from the timeout.
+    killed_rank_named(launch(daemons[0], "killed", FLAGOS_TEST_PG_TIMEOUT_S="600",
+                             **endpoints(daemons)))
+    all_quiet(daemons)
+    for d in daemons:  # both daemons serve on
+        serves_on(d, run_python)
+
+
+def test_a_rank_that_never_joins_times_out(daemons) -> None:
+    (code0, out0, err0), (code1, out1, err1) = launch(
+        daemons[0], "late", FLAGOS_TEST_PG_TIMEOUT_S="3", **endpoints(daemons))
+    assert code0 == 0 and code1 == 0, out0 + err0[-4000:] + out1 + err1[-4000:]
+    lines = reports(out0, "late")
+    assert len(lines) == 1 and re.search(
+        r"collective #0 on communicator \S+ \(all_reduce\(sum\) Float\[4\], between daemons\): "
+        r"gloo between the daemons: .*[Tt]imed out.*the process group is broken", lines[0]), out0
+    all_quiet(daemons)
+
+
+def test_a_restart_of_one_ranks_daemon_ends_the_group_on_both(daemons) -> None:
+    procs = spawn(daemons[0], "restarted", **endpoints(daemons))
+    try:
+        for p in procs:  # both ranks all_reduce in a loop
+            line = p.stdout.readline()
+            assert line.strip().endswith("restarted: running"), line + p.stderr.read()[-4000:]
+        crash_and_restart(daemons[0])
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    (code0, out0, err0), (code1, out1, err1) = finish(procs)
+    assert code0 == 0 and code1 == 0, out0 + err0[-4000:] + out1 + err1[-4000:]
+    lost0 = [line for line in reports(out0, "restarted") if "running" not in line]
+    lost1 = [line for line in reports(out1, "restarted") if "running" not in line]
+    assert len(lost0) == 2 and len(lost1) == 2, (out0, out1)
+    # Rank 0 lost its session: the loss error, then the group's end.
+    lost = [line for line in lost0 if ": lost: " in line]
+    ended = [line for line in lost0 if ": lost: " not in line]
+    assert len(lost) == 1 and "was lost" in lost[0] and daemons[0].endpoint in lost[0], lost0
+    assert len(ended) == 1 and "the process group ended with it; restart the job" in ended[0], lost0
+    # Rank 1's daemon saw its peer's gloo connection go: its collective
+    # fails, and so does the broken group's next one.
+    for line in lost1:
+        assert re.search(r"between daemons\): gloo between the daemons: .*the process group is "
+                         r"broken; restart the job", line), lost1
+    all_quiet(daemons)
+
+
+def test_two_torchrun_nodes_each_on_its_own_daemon_train_as_one_process(daemons) -> None:
+    # As on two nodes (docs/distributed.md, "Several nodes"): a torchrun per
+    # "node", --nnodes 2 with torchrun's c10d rendezvous, each node's rank
+    # on that node's daemon; the workers' store is the agents' TCPStore.
+    port = str(free_port())
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+         "--node-rank", str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+         "--rdzv-id", "between-daemons", str(WORKLOAD), "ddp_mlp"],
+        env=env_for(d), cwd=WORKLOAD.parent, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for n, d in enumerate(daemons)]
+    results = finish(nodes)
+    lines = []
+    for code, out, err in results:
+        assert code == 0, out[-3000:] + err[-6000:]
+        lines += reports(out, "ddp_mlp")
+    assert sorted(lines) == ["rank 0 ddp_mlp ok", "rank 1 ddp_mlp ok"], results
+    for samples in all_quiet(daemons):
+        assert samples["flagosd_collectives_between_daemons_total"] > 0, samples
