@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -55,6 +56,26 @@ def test_every_collective_between_two_daemons_matches_its_arithmetic(daemons) ->
         assert samples["flagosd_collective_between_daemons_bytes_total"] > 0, samples
         assert samples["flagosd_collective_between_daemons_failures_total"] == 0, samples
         assert samples["flagosd_collectives_total"] == 0, samples
+
+
+def threads(daemon) -> int:
+    with open(f"/proc/{daemon.proc.pid}/status") as status:
+        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+
+
+def test_a_second_job_between_daemons_leaves_no_more_threads_than_the_first(daemons) -> None:
+    # Each rank's gloo group has threads of its own; they end with the group
+    # (the daemon's one gloo device, made by the first job, stays). After
+    # each job the daemons' pools retire their spare threads.
+    counts = []
+    for _ in range(2):
+        ok(torchrun(daemons[0], "collectives", **endpoints(daemons)), "collectives")
+        all_quiet(daemons)
+        counts.append([threads(d) for d in daemons])
+    deadline = time.monotonic() + 30
+    while any(t > first for t, first in zip((threads(d) for d in daemons), counts[0])):
+        assert time.monotonic() < deadline, (counts, [threads(d) for d in daemons])
+        time.sleep(0.2)
 
 
 def test_no_tensor_byte_of_a_collective_between_daemons_passes_through_the_clients(
