@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import (DAEMON_DAEMON_READY_TIMEOUT_S, FLAGOSD, Context, PrivateDaemon, Row, median,
+from common import (DAEMON_READY_TIMEOUT_S, FLAGOSD, Context, PrivateDaemon, Row, median,
                     standalone)
 
 SECTION = "7. TCP on loopback"
