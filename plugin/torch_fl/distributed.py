@@ -5,10 +5,16 @@
 and ``init_process_group("cpu:gloo,flagos:flagos")`` all give a process
 group whose collectives on flagos tensors run in flagosd (docs/distributed.md).
 
-A collective is an operator of the ``flagos_c10d`` namespace, sent on the
-tensor's current stream like any other operator: it runs in the daemon in
-order with the work before and after it, on the tensors' device memory, and
-no tensor byte passes through this process. The daemon forms the
+A collective is an operator of the ``flagos_c10d`` namespace, queued like
+any other operator: it runs in the daemon in order with the work before and
+after it on the tensor's current stream, on the tensors' device memory, and
+no tensor byte passes through this process. As ProcessGroupNCCL does, the
+group issues every collective on a stream of its own per device (which
+waits for the current stream, and which the current stream then waits
+for): a rank's collectives then run in the order the program called them,
+whichever streams it called them on (FSDP2 all-gathers on one stream and
+reduce-scatters on another), so the k-th collective of every rank is the
+same one. The daemon forms the
 communicator from the sessions of the ranks (the key rank 0 publishes in
 the c10d Store) and runs each collective once every rank reached it.
 Collectives on CPU tensors go to a gloo process group over the same Store.
@@ -22,6 +28,7 @@ refused naming what to use instead.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -137,6 +144,7 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
         self._anchor = None
         self._finalizer = None
+        self._streams = {}  # device index -> this group's collective stream
         self._comm = self._rendezvous(store)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, ProcessGroupFlagos._destroy, self._comm, rank,
@@ -209,6 +217,22 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         raise RuntimeError(f"flagos process group: {what} of tensors on {', '.join(devices)}: "
                            "a collective takes flagos tensors or CPU tensors, not a mix")
 
+    @contextlib.contextmanager
+    def _ordered(self, tensor: torch.Tensor):
+        """Issues the collectives inside on this group's stream of `tensor`'s
+        device, after the current stream's work, and makes the current
+        stream wait for them."""
+        index = tensor.device.index if tensor.device.index is not None else (
+            torch.flagos.current_device())
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self._streams[index] = torch.flagos.Stream(index)
+        current = torch.flagos.current_stream(index)
+        stream.wait_stream(current)
+        with torch.flagos.stream(stream):
+            yield
+        current.wait_stream(stream)
+
     def _args(self, opts):
         if _C._session_generation() != self._generation:
             # The daemon restarted (or crashed): its communicators went with
@@ -266,8 +290,9 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         if not self._flagos(tensors, "broadcast"):
             return self._gloo.broadcast(tensors, opts)
         comm, rank, size, timeout = self._args(opts)
-        for t in tensors:
-            _ops.broadcast_(t, comm, rank, size, getattr(opts, "rootRank", 0), timeout)
+        with self._ordered(tensors[0]):
+            for t in tensors:
+                _ops.broadcast_(t, comm, rank, size, getattr(opts, "rootRank", 0), timeout)
         return _done(tensors)
 
     def allreduce(self, tensors, opts=None):
@@ -275,8 +300,10 @@ class ProcessGroupFlagos(dist.ProcessGroup):
             return self._gloo.allreduce(tensors, opts)
         op, factor = _reduce_op(opts)
         comm, rank, size, timeout = self._args(opts)
-        for t in tensors:
-            _ops.all_reduce_(_premultiplied(t, factor, True), comm, rank, size, op, timeout)
+        premultiplied = [_premultiplied(t, factor, True) for t in tensors]
+        with self._ordered(tensors[0]):
+            for t in premultiplied:
+                _ops.all_reduce_(t, comm, rank, size, op, timeout)
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -303,7 +330,8 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         for t in tensors:
             mine = _premultiplied(t, factor, True) if rank == root else (
                 _premultiplied(t, factor, False) if factor is not None else t.clone())
-            _ops.all_reduce_(mine, comm, rank, size, op, timeout)
+            with self._ordered(mine):
+                _ops.all_reduce_(mine, comm, rank, size, op, timeout)
         return _done(tensors)
 
     def gather(self, output_lists, inputs, opts=None):
@@ -340,7 +368,8 @@ class ProcessGroupFlagos(dist.ProcessGroup):
             else:
                 blocks = torch.empty((size,) + tuple(out.shape), dtype=out.dtype,
                                      device=out.device)
-            _ops.broadcast_(blocks, comm, rank, size, root, timeout)
+            with self._ordered(blocks):
+                _ops.broadcast_(blocks, comm, rank, size, root, timeout)
             out.copy_(blocks[rank])
         return _done(outputs)
 
@@ -354,8 +383,9 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         send = torch.cat([t.reshape(-1) for t in inputs])
         received = torch.empty(sum(t.numel() for t in outputs), dtype=send.dtype,
                                device=send.device)
-        _ops.all_to_all_single_(received, send, [t.numel() for t in outputs],
-                                [t.numel() for t in inputs], *self._args(opts))
+        with self._ordered(send):
+            _ops.all_to_all_single_(received, send, [t.numel() for t in outputs],
+                                    [t.numel() for t in inputs], *self._args(opts))
         for out, block in zip(outputs, received.split([t.numel() for t in outputs])):
             out.copy_(block.view(out.shape))
         return _done(outputs)
@@ -377,7 +407,8 @@ class ProcessGroupFlagos(dist.ProcessGroup):
     def _allgather_base(self, output, input, opts=None):
         if not self._flagos([output, input], "all_gather_into_tensor"):
             return self._gloo._allgather_base(output, input, opts)
-        _ops.all_gather_into_tensor_(output, input, *self._args(opts))
+        with self._ordered(output):
+            _ops.all_gather_into_tensor_(output, input, *self._args(opts))
         return _done([output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -402,8 +433,9 @@ class ProcessGroupFlagos(dist.ProcessGroup):
             return self._gloo._reduce_scatter_base(output, input, opts)
         op, factor = _reduce_op(opts)
         comm, rank, size, timeout = self._args(opts)
-        _ops.reduce_scatter_tensor_(output, _premultiplied(input, factor, False).contiguous(), comm,
-                                    rank, size, op, timeout)
+        source = _premultiplied(input, factor, False).contiguous()
+        with self._ordered(output):
+            _ops.reduce_scatter_tensor_(output, source, comm, rank, size, op, timeout)
         return _done([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -416,13 +448,13 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         if not self._flagos([output, input], "all_to_all_single"):
             return self._gloo.alltoall_base(output, input, output_split_sizes,
                                             input_split_sizes, opts)
-        if output.is_contiguous():
-            _ops.all_to_all_single_(output, input.contiguous(), list(output_split_sizes),
+        source = input.contiguous()
+        received = output if output.is_contiguous() else torch.empty_like(
+            output, memory_format=torch.contiguous_format)
+        with self._ordered(received):
+            _ops.all_to_all_single_(received, source, list(output_split_sizes),
                                     list(input_split_sizes), *self._args(opts))
-        else:
-            received = torch.empty_like(output, memory_format=torch.contiguous_format)
-            _ops.all_to_all_single_(received, input.contiguous(), list(output_split_sizes),
-                                    list(input_split_sizes), *self._args(opts))
+        if received is not output:
             output.copy_(received)
         return _done([output])
 
