@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "execution/backend.h"
 #include "flagos/cli/command_line.h"
+#include "admission/store_networks.h"
 #include "byte_size.h"
 #include "transport/flagos_service.h"
 #include "absl/synchronization/mutex.h"
@@ -77,6 +78,13 @@ ABSL_FLAG(std::vector<std::string>, allow_uid, {},
 ABSL_FLAG(std::vector<std::string>, allow_gid, {},
           "Groups whose members may open a session (names or gids, comma-separated; the "
           "peer's primary and supplementary groups count). See --allow-uid.");
+ABSL_FLAG(std::vector<std::string>, store_networks, {"auto"},
+          "Where flagosd may connect for a process group that spans daemons (torchrun across "
+          "nodes, a private daemon per rank): the job's c10d Store, whose address a client "
+          "names, must lie in these networks (comma-separated): auto (the default: loopback "
+          "and the networks of this host's interfaces), any, none (refuse such groups), or "
+          "CIDRs and addresses (10.20.0.0/16, fd00::/8). Keeps a client from making flagosd "
+          "connect elsewhere on its behalf. See docs/distributed.md.");
 ABSL_FLAG(flagos::daemon::ByteSize, session_memory_limit, flagos::daemon::ByteSize{0},
           "Most device memory one session may hold on each device (bytes, or a number with a "
           "suffix, as --device-memory); an allocation beyond it fails, and the client's "
@@ -338,6 +346,10 @@ int Run(int argc, char** argv) {
   server_options.remote_access.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   server_options.remote_access.token_file = absl::GetFlag(FLAGS_token_file);
   server_options.remote_access.insecure_tcp = absl::GetFlag(FLAGS_insecure_tcp);
+  absl::StatusOr<flagos::daemon::StoreNetworks> store_networks =
+      flagos::daemon::StoreNetworks::Parse(absl::GetFlag(FLAGS_store_networks));
+  if (!store_networks.ok()) return Fail(store_networks.status().message());
+  flagos::daemon::StoreNetworks::SetCurrent(*std::move(store_networks));
   absl::StatusOr<MemoryGrants::Policy> sharing =
       MemoryGrants::ParsePolicy(absl::GetFlag(FLAGS_memory_sharing));
   if (!sharing.ok()) return Fail(sharing.status().message());

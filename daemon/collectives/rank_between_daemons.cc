@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "admission/store_networks.h"
 #include "collectives/gloo_process_group.h"
 #include "execution/worker_pool.h"
 
@@ -92,6 +93,9 @@ std::unique_ptr<RankBetweenDaemons> RankBetweenDaemons::Join(
   WorkerPool::Blocking blocking;
   TORCH_CHECK(blocking.ok(), where, ": ", WorkerPool::kMaxBlocked,
               " collectives already wait for their peers on this device's workers");
+  // Only where --store-networks allows, at the address checked.
+  const absl::StatusOr<std::string> address = StoreNetworks::Current().Resolve(store_host);
+  TORCH_CHECK(address.ok(), where, ": flagosd does not join it: ", address.status().message());
   c10::intrusive_ptr<c10d::Store> store;
   try {
     c10d::TCPStoreOptions options;
@@ -99,7 +103,7 @@ std::unique_ptr<RankBetweenDaemons> RankBetweenDaemons::Join(
     options.isServer = false;
     options.waitWorkers = false;
     options.timeout = Millis(timeout);
-    store = c10::make_intrusive<c10d::TCPStore>(store_host, options);
+    store = c10::make_intrusive<c10d::TCPStore>(*address, options);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, where, ": flagosd could not reach the c10d Store at ", store_host, ":",
                 store_port, " that the process group was formed on (", Why(e),

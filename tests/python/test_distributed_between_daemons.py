@@ -179,3 +179,98 @@ def test_two_torchrun_nodes_each_on_its_own_daemon_train_as_one_process(daemons)
     assert sorted(lines) == ["rank 0 ddp_mlp ok", "rank 1 ddp_mlp ok"], results
     for samples in all_quiet(daemons):
         assert samples["flagosd_collectives_between_daemons_total"] > 0, samples
+
+
+RAW_JOINS = r'''
+import sys, time, torch, torch_fl
+import torch_fl.distributed  # the flagos_c10d schemas
+ops = torch.ops.flagos_c10d
+x = torch.ones(4, device="flagos")
+closed_port = int(sys.argv[1])
+calls = {
+    # TEST-NET-3 (RFC 5737): no interface's network; refused before any
+    # connection (the timeout is long: a connection attempt would hang).
+    "far store": ("j-a", 0, 2, "203.0.113.7", 29500, 600.0),
+    "not a host": ("j-b", 0, 2, "x;rm -rf /", 29500, 600.0),
+    "long host": ("j-c", 0, 2, "a" * 300, 29500, 600.0),
+    "port zero": ("j-d", 0, 2, "127.0.0.1", 0, 600.0),
+    "port beyond": ("j-e", 0, 2, "127.0.0.1", 70000, 600.0),
+    "huge group": ("j-f", 0, 2**31 - 1, "127.0.0.1", 29500, 600.0),
+    "rank outside": ("j-g", 3, 2, "127.0.0.1", 29500, 600.0),
+    # Allowed, but nothing listens there: fails within its timeout.
+    "closed port": ("j-h", 0, 2, "127.0.0.1", closed_port, 2.0),
+}
+for name, args in calls.items():
+    start = time.monotonic()
+    try:
+        ops.join_group(x, *args)
+        torch.flagos.synchronize()
+        print(name, "-> no error")
+    except RuntimeError as e:
+        print(name, "->", f"{time.monotonic() - start:.1f}s", str(e).splitlines()[0])
+# The session goes on.
+print("after ->", (x + 1).cpu().tolist())
+'''
+
+
+def raw_joins(daemon, run_python) -> dict[str, tuple[float, str]]:
+    code = RAW_JOINS.replace("sys.argv[1]", str(free_port()))
+    result = run_python(code, env={"FLAGOS_ENDPOINT": daemon.endpoint}, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = dict(line.split(" -> ", 1) for line in result.stdout.splitlines())
+    assert lines.pop("after") == "[2.0, 2.0, 2.0, 2.0]", result.stdout
+    out = {}
+    for name, text in lines.items():
+        assert text != "no error", (name, result.stdout)
+        seconds, message = text.split("s ", 1)
+        out[name] = (float(seconds), message)
+    return out
+
+
+def test_a_client_cannot_make_flagosd_connect_outside_its_store_networks(
+    start_daemon, run_python
+) -> None:
+    # What a client that bypasses torch.distributed could send to join a
+    # group that spans daemons: flagosd connects only to Stores in its
+    # --store-networks (auto: loopback and this node's networks), checks the
+    # rest, and the session goes on with nothing left behind.
+    daemon = start_daemon(extra_args=["--metrics-listen=127.0.0.1:0"])
+    lines = raw_joins(daemon, run_python)
+    expected = {
+        "far store": r"flagosd does not join it: flagosd connects only to Stores in its "
+                     r"--store-networks, and '203\.0\.113\.7' \(203\.0\.113\.7\) is in none of "
+                     r"them: auto \(loopback and this node's networks: 127\.0\.0\.0/8.*\); if the "
+                     r"job's Store is there, the node's operator adds its network to flagosd's "
+                     r"--store-networks \(e\.g\. --store-networks=auto,203\.0\.113\.7\)",
+        "not a host": r"'x;rm -rf /' is not a host name or an IP address",
+        "long host": r"'a{64}\.\.\.' is not a host name or an IP address",
+        "port zero": r"store port 0 is not a TCP port",
+        "port beyond": r"store port 70000 is not a TCP port",
+        "huge group": r"a group of 2147483647 ranks; flagosd forms groups of 1 to 4096 ranks",
+        "rank outside": r"rank 3 of 2 is not a rank of a group of that size",
+        "closed port": r"flagosd could not reach the c10d Store at 127\.0\.0\.1:\d+ that the "
+                       r"process group was formed on",
+    }
+    for name, pattern in expected.items():
+        seconds, message = lines[name]
+        assert re.search(pattern, message), (name, message)
+        # None waited for a connection but the one that was allowed to try.
+        assert seconds < (30 if name == "closed port" else 5), (name, seconds, message)
+    after = settled(daemon, quiet)
+    assert quiet(after), after
+
+
+def test_store_networks_none_refuses_every_group_between_daemons(
+    start_daemon, run_python, flagosd_binary, tmp_path
+) -> None:
+    daemon = start_daemon(extra_args=["--store-networks=none"])
+    seconds, message = raw_joins(daemon, run_python)["closed port"]
+    assert "flagosd does not join it: this flagosd joins no process group that spans daemons " \
+           "(--store-networks=none)" in message, message
+    # A rule that is not one is refused at start, naming it.
+    out = subprocess.run([str(flagosd_binary), f"--listen=unix://{tmp_path}/s.sock",
+                          "--backend=cpu", "--metrics-listen=", "--store-networks=auto,10.0.0.0/33"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "--store-networks: '10.0.0.0/33' is not an IP address or a network" in out.stderr, \
+        out.stderr
