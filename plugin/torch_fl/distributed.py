@@ -144,7 +144,7 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
         self._anchor = None
         self._finalizer = None
-        self._streams = {}  # device index -> this group's collective stream
+        self._last_streams = {}  # device index -> the stream of this group's last collective
         self._comm = self._rendezvous(store)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, ProcessGroupFlagos._destroy, self._comm, rank,
@@ -219,19 +219,23 @@ class ProcessGroupFlagos(dist.ProcessGroup):
 
     @contextlib.contextmanager
     def _ordered(self, tensor: torch.Tensor):
-        """Issues the collectives inside on this group's stream of `tensor`'s
-        device, after the current stream's work, and makes the current
-        stream wait for them."""
+        """Issues the collectives inside on the current stream, after this
+        group's previous collective on the device: a rank's collectives run
+        in the daemon in the order the program called them, whatever streams
+        it called them on (FSDP2 all-gathers on one and reduce-scatters on
+        another), as its peers' do; the daemon matches a rank's k-th
+        collective with its peers' k-th. When the previous one was on another
+        stream, the current stream first waits for that stream's work so
+        far; on the same stream (DDP, most programs) the stream's order
+        suffices and nothing is sent."""
         index = tensor.device.index if tensor.device.index is not None else (
             torch.flagos.current_device())
-        stream = self._streams.get(index)
-        if stream is None:
-            stream = self._streams[index] = torch.flagos.Stream(index)
         current = torch.flagos.current_stream(index)
-        stream.wait_stream(current)
-        with torch.flagos.stream(stream):
-            yield
-        current.wait_stream(stream)
+        last = self._last_streams.get(index)
+        if last is not None and last != current:
+            current.wait_stream(last)
+        self._last_streams[index] = current
+        yield
 
     def _args(self, opts):
         if _C._session_generation() != self._generation:

@@ -386,6 +386,35 @@ def dcp() -> None:
     say("dcp")
 
 
+def streams() -> None:
+    """Collectives called on two side streams in turn, with rank 0's first
+    stream held back by compute queued before its collectives: each rank's
+    collectives must still run in the order it called them (as FSDP2's
+    all-gathers and reduce-scatters on their own streams), or rank 0's
+    all_gather would meet rank 1's all_reduce."""
+    current = torch.flagos.current_stream()
+    a, b = torch.flagos.Stream(), torch.flagos.Stream()
+    x = value(RANK, 4).to(DEV)
+    y = value(RANK, 4).to(DEV)
+    gathered = torch.empty(WORLD * 4, device=DEV)
+    m = torch.randn(512, 512, device=DEV) / 512 ** 0.5
+    for s in (a, b):
+        s.wait_stream(current)
+    for _ in range(3):
+        with torch.flagos.stream(a):
+            if RANK == 0:
+                for _ in range(8):
+                    m = m @ m  # keeps stream a busy on rank 0 only
+            dist.all_reduce(x)
+        with torch.flagos.stream(b):
+            dist.all_gather_into_tensor(gathered, y)
+    for s in (a, b):
+        current.wait_stream(s)
+    same(x, everyone(4).sum(0) * WORLD ** 2, "three all_reduces on stream a")
+    same(gathered, everyone(4).reshape(-1), "all_gathers on stream b")
+    say("streams")
+
+
 def failing_all_reduce(x: torch.Tensor, case: str, why: str) -> None:
     """An all_reduce that must fail: reports its error's first line."""
     try:
@@ -457,7 +486,7 @@ def restarted() -> None:
 
 
 CASES = {"collectives": collectives, "ddp_mlp": lambda: ddp("ddp_mlp"),
-         "ddp_syncbn": lambda: ddp("ddp_syncbn"), "fsdp2": fsdp2, "dtensor": dtensor,
+         "ddp_syncbn": lambda: ddp("ddp_syncbn"), "fsdp2": fsdp2, "streams": streams, "dtensor": dtensor,
          "dcp": dcp, "large": large, "mismatch": mismatch, "killed": killed, "late": late,
          "restarted": restarted, "library_failure": library_failure,
          "same_device": same_device}
