@@ -58,6 +58,17 @@ for _namespace in ("lightning.pytorch", "pytorch_lightning"):
         lambda _module, _ns=_namespace: _register_with_lightning(_ns))
 
 
+def _register_with_accelerate(module) -> None:
+    from . import _accelerate
+
+    _accelerate.register(module)
+
+
+# A multi-process launch of Accelerate (and so of the Hugging Face Trainer)
+# on flagos, once accelerate.state is imported (torch_fl/_accelerate.py).
+_import_hooks.when_imported("accelerate.state", _register_with_accelerate)
+
+
 def _autoload() -> None:
     """The ``torch.backends`` entry point, which ``import torch`` calls once
     it has defined what backends use (torch/__init__.py,
