@@ -160,8 +160,9 @@ def register(namespace: str = "lightning.pytorch") -> None:
             self.strategy._process_group_backend = "flagos"
         # With device ids, Lightning wraps the model in DDP inside a
         # torch.cuda.stream; DDP finds a one-device module's device itself,
-        # and Lightning moves each batch to the rank's device.
-        self.strategy.determine_ddp_device_ids = lambda: None
+        # and Lightning moves each batch to the rank's device. (A module-level
+        # function: ddp_spawn pickles the strategy.)
+        self.strategy.determine_ddp_device_ids = _no_device_ids
 
     @functools.wraps(check_and_init_precision)
     def _check_and_init_precision(self: Any) -> Any:
@@ -177,6 +178,10 @@ def register(namespace: str = "lightning.pytorch") -> None:
     connector._lazy_init_strategy = _lazy_init_strategy
     connector._check_and_init_precision = _check_and_init_precision
     connector._flagos_completed = True
+
+
+def _no_device_ids() -> None:
+    return None
 
 
 def __getattr__(name: str) -> Any:

@@ -1,13 +1,16 @@
 """Lightning DDP on flagos, as a user's script: ``Trainer(accelerator="flagos",
 devices=2)`` with no strategy named.
 
-Run by tests/python/test_lightning.py as ``python lightning_ddp.py``;
-Lightning's launcher starts the second rank by running this script again.
+Run by tests/python/test_lightning.py as ``python lightning_ddp.py
+[STRATEGY]``; Lightning's launcher starts the second rank by running this
+script again (with ``ddp_spawn``: both ranks in spawned processes, whose
+rank 0 hands the weights back to this one).
 Rank 0 then trains the same module in one process on the CPU, with plain
 torch, on the global batches (each rank's batch of 4 is half of one:
 Lightning gives a training loader a shuffling DistributedSampler, seed 0, so
 the reference draws its batches from the same samplers) and checks that the
-weights agree. Each rank prints "rank N lightning_ddp ok".
+weights agree. Each rank prints "rank N trained on flagos:N" and
+"rank N lightning_ddp ok".
 """
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ class Regressor(pl.LightningModule):
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss, sync_dist=True)
         return loss
+
+    def on_train_end(self) -> None:
+        print(f"rank {self.global_rank} trained on {','.join(sorted(self.devices))}", flush=True)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
@@ -75,12 +81,15 @@ def fit(batch_size: int, **options) -> tuple[Regressor, pl.Trainer]:
 
 
 def main() -> int:
-    module, trainer = fit(4, accelerator="flagos", devices=2)
+    strategy_name = sys.argv[1] if len(sys.argv) > 1 else None
+    options = {"strategy": strategy_name} if strategy_name else {}
+    module, trainer = fit(4, accelerator="flagos", devices=2, **options)
     rank = trainer.global_rank
     strategy = trainer.strategy
     assert type(strategy).__name__ == "DDPStrategy", type(strategy)
     assert strategy._get_process_group_backend() == "flagos", strategy._get_process_group_backend()
-    assert module.devices == {f"flagos:{rank}"}, module.devices
+    if strategy_name != "ddp_spawn":  # else the steps ran in the spawned processes
+        assert module.devices == {f"flagos:{rank}"}, module.devices
     if rank == 0:
         reference = single_process_reference(world=2, batch_size=4)
         for (name, p), q in zip(module.state_dict().items(), reference.state_dict().values()):

@@ -155,15 +155,22 @@ def test_several_nodes_get_ddp_on_the_flagos_process_group_backend(tmp_path: Pat
     assert built.strategy._get_process_group_backend() == "flagos"
 
 
-def test_ddp_on_two_devices_matches_one_process_on_the_global_batch() -> None:
+@pytest.mark.parametrize("strategy", ["", "ddp_spawn"])
+def test_ddp_on_two_devices_matches_one_process_on_the_global_batch(strategy: str) -> None:
     # A user's script, run as one: Lightning's launcher starts rank 1 by
-    # running it again; rank 0 checks the weights against the reference.
+    # running it again (ddp_spawn: both ranks in spawned processes, which
+    # pickle the strategy); rank 0 checks the weights against the reference.
     result = subprocess.run(
-        [sys.executable, "lightning_ddp.py"], cwd=REPO / "tests" / "distributed",
+        [sys.executable, "lightning_ddp.py", *([strategy] if strategy else [])],
+        cwd=REPO / "tests" / "distributed",
         env=dict(os.environ, OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL,
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     for rank in (0, 1):
+        assert f"rank {rank} trained on flagos:{rank}" in result.stdout, result.stdout
+    # With ddp_spawn the launching process reports for rank 0 (its weights
+    # came back from the spawned rank 0).
+    for rank in (0,) if strategy == "ddp_spawn" else (0, 1):
         assert f"rank {rank} lightning_ddp ok" in result.stdout, result.stdout + result.stderr[-4000:]
 
 
