@@ -8,13 +8,16 @@ group whose collectives on flagos tensors run in flagosd (docs/distributed.md).
 A collective is an operator of the ``flagos_c10d`` namespace, queued like
 any other operator: it runs in the daemon in order with the work before and
 after it on the tensor's current stream, on the tensors' device memory, and
-no tensor byte passes through this process. As ProcessGroupNCCL does, the
-group issues every collective on a stream of its own per device (which
-waits for the current stream, and which the current stream then waits
-for): a rank's collectives then run in the order the program called them,
-whichever streams it called them on (FSDP2 all-gathers on one stream and
-reduce-scatters on another), so the k-th collective of every rank is the
-same one. The daemon forms the
+no tensor byte passes through this process. A rank's collectives run in the
+order the program called them, whichever streams it called them on (FSDP2
+all-gathers on one stream and reduce-scatters on another): a collective that
+follows one issued on another stream first makes its stream wait for that
+one's, so the k-th collective of every rank is the same one. Sends run on a
+stream of the group's own per device (after the current stream's work; the
+current stream waits for them only at ``work.wait()``), so that a rank's
+recv queued after its send is not held behind a send that waits for its
+peer's recv: ``batch_isend_irecv`` rings and isend/irecv pairs complete
+in any order, as on NCCL. The daemon forms the
 communicator from the sessions of the ranks (the key rank 0 publishes in
 the c10d Store) and runs each collective once every rank reached it.
 Collectives on CPU tensors go to a gloo process group over the same Store.
@@ -126,6 +129,32 @@ def _done(result) -> dist.Work:
     return _create_work_from_future(future)
 
 
+class _SendWork(dist._Work):
+    """A send queued on the group's send stream: ``wait()`` makes the
+    current stream wait for it (the bytes were read; the tensor may be
+    written again), as a NCCL work does; the host never blocks."""
+
+    def __init__(self, tensors, sent: torch.Event) -> None:
+        super().__init__()
+        self._tensors = tensors
+        self._sent = sent
+
+    def wait(self, timeout=None) -> bool:
+        torch.flagos.current_stream(self._sent.device.index).wait_event(self._sent)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._sent.query()
+
+    def is_success(self) -> bool:
+        return self._sent.query()
+
+    def get_future(self) -> Future:
+        future = Future()
+        future.set_result(self._tensors)
+        return future
+
+
 def _all_on(tensors, device_type: str) -> bool:
     return all(t.device.type == device_type for t in tensors)
 
@@ -145,6 +174,7 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         self._anchor = None
         self._finalizer = None
         self._last_streams = {}  # device index -> the stream of this group's last collective
+        self._send_streams = {}  # device index -> this group's stream for sends
         self._comm = self._rendezvous(store)
         if self._finalizer is None:
             self._finalizer = weakref.finalize(self, ProcessGroupFlagos._destroy, self._comm, rank,
@@ -466,9 +496,21 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         if not self._flagos(tensors, "send"):
             return self._gloo.send(tensors, dst, tag)
         comm, rank, size, timeout = self._args(None)
+        device = tensors[0].device
+        index = device.index if device.index is not None else torch.flagos.current_device()
+        current = torch.flagos.current_stream(index)
+        stream = self._send_streams.get(index)
+        if stream is None:
+            stream = self._send_streams[index] = torch.flagos.Stream(index)
+        stream.wait_stream(current)
+        with torch.flagos.stream(stream):
+            for t in tensors:
+                _ops.send_(t, comm, rank, size, dst, tag, timeout)
         for t in tensors:
-            _ops.send_(t, comm, rank, size, dst, tag, timeout)
-        return _done(tensors)
+            t.record_stream(stream)  # not reused before the send read it
+        sent = torch.flagos.Event()
+        sent.record(stream)
+        return _SendWork(tensors, sent)
 
     def recv(self, tensors, src: int, tag: int):
         if not self._flagos(tensors, "recv"):

@@ -415,6 +415,26 @@ def streams() -> None:
     say("streams")
 
 
+def p2p() -> None:
+    """Every rank sends before it receives, as batch_isend_irecv rings and
+    isend/irecv pairs do (pipeline stages, ring attention): sends do not hold
+    the recv queued after them; a sent tensor may be written after wait()."""
+    nxt, prev = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    for n in (6, 1 << 20):
+        sent = (torch.arange(n, dtype=torch.float32) + RANK).to(DEV)
+        got = torch.empty(n, device=DEV)
+        ops = [dist.P2POp(dist.isend, sent, nxt), dist.P2POp(dist.irecv, got, prev)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        same(got, torch.arange(n, dtype=torch.float32) + prev, f"batch_isend_irecv of {n}")
+        works = [dist.isend(sent, nxt, tag=3), dist.irecv(got, prev, tag=3)]
+        for work in works:
+            work.wait()
+        sent.fill_(-1.0)  # after wait(): the send has read its bytes
+        same(got, torch.arange(n, dtype=torch.float32) + prev, f"isend/irecv of {n}")
+    say("p2p")
+
+
 def failing_all_reduce(x: torch.Tensor, case: str, why: str) -> None:
     """An all_reduce that must fail: reports its error's first line."""
     try:
@@ -486,7 +506,7 @@ def restarted() -> None:
 
 
 CASES = {"collectives": collectives, "ddp_mlp": lambda: ddp("ddp_mlp"),
-         "ddp_syncbn": lambda: ddp("ddp_syncbn"), "fsdp2": fsdp2, "streams": streams, "dtensor": dtensor,
+         "ddp_syncbn": lambda: ddp("ddp_syncbn"), "fsdp2": fsdp2, "streams": streams, "p2p": p2p, "dtensor": dtensor,
          "dcp": dcp, "large": large, "mismatch": mismatch, "killed": killed, "late": late,
          "restarted": restarted, "library_failure": library_failure,
          "same_device": same_device}

@@ -174,13 +174,14 @@ def test_more_ranks_on_one_device_than_it_has_workers(start_daemon) -> None:
 
 @pytest.mark.parametrize("case, backend", [("ddp_mlp", "cpu:gloo,flagos:flagos"),
                                            ("ddp_syncbn", ""), ("fsdp2", ""), ("streams", ""),
-                                           ("dtensor", ""),
+                                           ("p2p", ""), ("dtensor", ""),
                                            ("dcp", "")])
 def test_training_matches_one_process_on_the_global_batch(daemon, case, backend) -> None:
     # ddp_mlp with a comm hook (its future's TensorList) and the backend
     # named per device; ddp_syncbn: a CNN whose BatchNorm is SyncBatchNorm,
     # with no backend named; fsdp2: fully_shard of a small transformer;
     # streams: collectives on two side streams, one held back on rank 0;
+    # p2p: every rank sends before it receives (batch_isend_irecv, isend);
     # dtensor: DTensor ops and redistributions; dcp: a checkpoint saved in
     # one sharding and loaded into another.
     ok(torchrun(daemon, case, FLAGOS_TEST_PG_BACKEND=backend), case)

@@ -91,8 +91,8 @@ def test_no_tensor_byte_of_a_collective_between_daemons_passes_through_the_clien
         assert copied < 64 << 10, (copied, a)
 
 
-@pytest.mark.parametrize("case", ["ddp_mlp", "ddp_syncbn", "fsdp2", "streams", "dtensor",
-                                  "dcp"])
+@pytest.mark.parametrize("case", ["ddp_mlp", "ddp_syncbn", "fsdp2", "streams", "p2p",
+                                  "dtensor", "dcp"])
 def test_training_between_two_daemons_matches_one_process(daemons, case) -> None:
     ok(torchrun(daemons[0], case, **endpoints(daemons)), case)
     all_quiet(daemons)
