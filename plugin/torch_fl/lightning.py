@@ -18,6 +18,9 @@ for flagos, in the Trainer's ``_AcceleratorConnector``:
 - DDP: for several devices (or nodes) Lightning's own choice (``"ddp"``, one
   process per device), whose process group gets the ``flagos`` c10d backend
   (docs/distributed.md) instead of gloo, which has no flagos tensors;
+- FSDP (``strategy="fsdp"``): Lightning refuses it for any accelerator but
+  CUDA, though its FSDP strategy uses no CUDA API; flagos passes that check
+  (and its process group gets the ``flagos`` backend, the device's default);
 - ``precision="bf16-mixed"`` / ``"16-mixed"``: Lightning autocasts on
   ``"cuda"`` for such an accelerator; flagos gets ``torch.autocast("flagos")``.
 
@@ -140,6 +143,7 @@ def register(namespace: str = "lightning.pytorch") -> None:
         return flag == "flagos" or isinstance(flag, accelerator)
 
     choose_strategy = connector._choose_strategy
+    check_strategy_and_fallback = connector._check_strategy_and_fallback
     check_and_init_precision = connector._check_and_init_precision
     lazy_init_strategy = connector._lazy_init_strategy
 
@@ -164,6 +168,25 @@ def register(namespace: str = "lightning.pytorch") -> None:
         # function: ddp_spawn pickles the strategy.)
         self.strategy.determine_ddp_device_ids = _no_device_ids
 
+    @functools.wraps(check_strategy_and_fallback)
+    def _check_strategy_and_fallback(self: Any) -> None:
+        # Lightning refuses its FSDP strategy for any accelerator but CUDA,
+        # whose device API it then does not use: FSDP on flagos runs on the
+        # flagos process group backend (torch's FSDP takes the device
+        # module by the device's name). The check is Lightning's only
+        # objection; let it pass for flagos, nothing else.
+        flag = self._strategy_flag
+        fsdp = (type(flag) is strategies.FSDPStrategy or (
+            isinstance(flag, str) and flag in strategies.FSDPStrategy.get_registered_strategies()))
+        if not (fsdp and on_flagos(self)):
+            return check_strategy_and_fallback(self)
+        accelerator_flag = self._accelerator_flag
+        self._accelerator_flag = "cuda"
+        try:
+            return check_strategy_and_fallback(self)
+        finally:
+            self._accelerator_flag = accelerator_flag
+
     @functools.wraps(check_and_init_precision)
     def _check_and_init_precision(self: Any) -> Any:
         if (on_flagos(self) and self._precision_plugin_flag is None
@@ -175,6 +198,7 @@ def register(namespace: str = "lightning.pytorch") -> None:
         return check_and_init_precision(self)
 
     connector._choose_strategy = _choose_strategy
+    connector._check_strategy_and_fallback = _check_strategy_and_fallback
     connector._lazy_init_strategy = _lazy_init_strategy
     connector._check_and_init_precision = _check_and_init_precision
     connector._flagos_completed = True

@@ -4,7 +4,8 @@ devices=2)`` with no strategy named.
 Run by tests/python/test_lightning.py as ``python lightning_ddp.py
 [STRATEGY]``; Lightning's launcher starts the second rank by running this
 script again (with ``ddp_spawn``: both ranks in spawned processes, whose
-rank 0 hands the weights back to this one).
+rank 0 hands the weights back to this one; with ``fsdp``: Lightning's FSDP,
+each rank holding a shard).
 Rank 0 then trains the same module in one process on the CPU, with plain
 torch, on the global batches (each rank's batch of 4 is half of one:
 Lightning gives a training loader a shuffling DistributedSampler, seed 0, so
@@ -86,13 +87,19 @@ def main() -> int:
     module, trainer = fit(4, accelerator="flagos", devices=2, **options)
     rank = trainer.global_rank
     strategy = trainer.strategy
-    assert type(strategy).__name__ == "DDPStrategy", type(strategy)
+    expected = "FSDPStrategy" if strategy_name == "fsdp" else "DDPStrategy"
+    assert type(strategy).__name__ == expected, type(strategy)
     assert strategy._get_process_group_backend() == "flagos", strategy._get_process_group_backend()
     if strategy_name != "ddp_spawn":  # else the steps ran in the spawned processes
         assert module.devices == {f"flagos:{rank}"}, module.devices
+    # FSDP holds a shard of the flattened parameters on each rank: the whole
+    # state dict is gathered (a collective: every rank calls it).
+    state = (strategy.lightning_module_state_dict() if strategy_name == "fsdp"
+             else module.state_dict())
     if rank == 0:
         reference = single_process_reference(world=2, batch_size=4)
-        for (name, p), q in zip(module.state_dict().items(), reference.state_dict().values()):
+        assert list(state) == list(reference.state_dict()), list(state)
+        for (name, p), q in zip(state.items(), reference.state_dict().values()):
             torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-5,
                                        msg=lambda m: f"lightning ddp {name}: {m}")
     print(f"rank {rank} lightning_ddp ok", flush=True)

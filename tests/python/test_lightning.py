@@ -155,11 +155,13 @@ def test_several_nodes_get_ddp_on_the_flagos_process_group_backend(tmp_path: Pat
     assert built.strategy._get_process_group_backend() == "flagos"
 
 
-@pytest.mark.parametrize("strategy", ["", "ddp_spawn"])
+@pytest.mark.parametrize("strategy", ["", "ddp_spawn", "fsdp"])
 def test_ddp_on_two_devices_matches_one_process_on_the_global_batch(strategy: str) -> None:
     # A user's script, run as one: Lightning's launcher starts rank 1 by
     # running it again (ddp_spawn: both ranks in spawned processes, which
-    # pickle the strategy); rank 0 checks the weights against the reference.
+    # pickle the strategy; fsdp: Lightning's FSDP, which Lightning refuses
+    # for accelerators but CUDA unless torch_fl lets flagos through); rank 0
+    # checks the weights against the reference.
     result = subprocess.run(
         [sys.executable, "lightning_ddp.py", *([strategy] if strategy else [])],
         cwd=REPO / "tests" / "distributed",
