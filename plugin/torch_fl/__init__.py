@@ -58,6 +58,19 @@ for _namespace in ("lightning.pytorch", "pytorch_lightning"):
         lambda _module, _ns=_namespace: _register_with_lightning(_ns))
 
 
+def _register_with_fabric(namespace: str) -> None:
+    from . import lightning
+
+    lightning.register_fabric(namespace)
+
+
+# Fabric(accelerator="flagos") in each Fabric namespace, once its connector
+# is imported (torch_fl/lightning.py).
+for _namespace in ("lightning.fabric", "lightning_fabric"):
+    _import_hooks.when_imported(
+        f"{_namespace}.connector", lambda _module, _ns=_namespace: _register_with_fabric(_ns))
+
+
 def _register_with_accelerate(module) -> None:
     from . import _accelerate
 

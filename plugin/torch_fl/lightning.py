@@ -156,17 +156,8 @@ def register(namespace: str = "lightning.pytorch") -> None:
     @functools.wraps(lazy_init_strategy)
     def _lazy_init_strategy(self: Any) -> None:
         lazy_init_strategy(self)
-        if not (on_flagos(self) and isinstance(self.strategy, strategies.DDPStrategy)):
-            return
-        # Lightning's default process group backend for a device that is not
-        # CUDA is gloo, which has no flagos tensors.
-        if self.strategy._process_group_backend is None:
-            self.strategy._process_group_backend = "flagos"
-        # With device ids, Lightning wraps the model in DDP inside a
-        # torch.cuda.stream; DDP finds a one-device module's device itself,
-        # and Lightning moves each batch to the rank's device. (A module-level
-        # function: ddp_spawn pickles the strategy.)
-        self.strategy.determine_ddp_device_ids = _no_device_ids
+        if on_flagos(self) and isinstance(self.strategy, strategies.DDPStrategy):
+            _ddp_on_flagos(self.strategy, "determine_ddp_device_ids")
 
     @functools.wraps(check_strategy_and_fallback)
     def _check_strategy_and_fallback(self: Any) -> None:
@@ -204,8 +195,73 @@ def register(namespace: str = "lightning.pytorch") -> None:
     connector._flagos_completed = True
 
 
+def _ddp_on_flagos(strategy: Any, device_ids_method: str) -> None:
+    """A Lightning (or Fabric) DDP strategy on flagos devices."""
+    # Lightning's default process group backend for a device that is not
+    # CUDA is gloo, which has no flagos tensors.
+    if strategy._process_group_backend is None:
+        strategy._process_group_backend = "flagos"
+    # With device ids, Lightning wraps the model in DDP inside a
+    # torch.cuda.stream; DDP finds a one-device module's device itself, and
+    # Lightning moves each batch to the rank's device. (A module-level
+    # function: ddp_spawn pickles the strategy.)
+    setattr(strategy, device_ids_method, _no_device_ids)
+
+
 def _no_device_ids() -> None:
     return None
+
+
+def register_fabric(namespace: str = "lightning.fabric") -> None:
+    """``Fabric(accelerator="flagos")``: registers the flagos accelerator in
+    ``namespace``'s ACCELERATOR_REGISTRY and completes Fabric's choices for
+    it, as :func:`register` does the Trainer's: one device gets
+    ``SingleDeviceStrategy`` on it (Fabric picks the CPU for an accelerator
+    it does not know), several get DDP on the flagos backend, and
+    ``"bf16-mixed"`` / ``"16-mixed"`` autocast on flagos. Idempotent."""
+    accelerator = accelerator_class(namespace)
+    registry = importlib.import_module(f"{namespace}.accelerators").ACCELERATOR_REGISTRY
+    if "flagos" not in registry:
+        accelerator.register_accelerators(registry)
+    connector = importlib.import_module(f"{namespace}.connector")._Connector
+    if getattr(connector, "_flagos_completed", False):
+        return
+    strategies = importlib.import_module(f"{namespace}.strategies")
+    precision = importlib.import_module(f"{namespace}.plugins.precision")
+
+    def on_flagos(connector_self: Any) -> bool:
+        flag = connector_self._accelerator_flag
+        return flag == "flagos" or isinstance(flag, accelerator)
+
+    choose_strategy = connector._choose_strategy
+    check_and_init_precision = connector._check_and_init_precision
+    lazy_init_strategy = connector._lazy_init_strategy
+
+    @functools.wraps(choose_strategy)
+    def _choose_strategy(self: Any) -> Any:
+        if not on_flagos(self) or self._num_nodes_flag > 1 or len(self._parallel_devices) > 1:
+            return choose_strategy(self)
+        return strategies.SingleDeviceStrategy(device=self._parallel_devices[0])
+
+    @functools.wraps(lazy_init_strategy)
+    def _lazy_init_strategy(self: Any) -> None:
+        lazy_init_strategy(self)
+        if on_flagos(self) and isinstance(self.strategy, strategies.DDPStrategy):
+            _ddp_on_flagos(self.strategy, "_determine_ddp_device_ids")
+
+    @functools.wraps(check_and_init_precision)
+    def _check_and_init_precision(self: Any) -> Any:
+        if (on_flagos(self) and self._precision_instance is None
+                and self._precision_input in ("16-mixed", "bf16-mixed")
+                and type(self.strategy) in (strategies.SingleDeviceStrategy,
+                                            strategies.DDPStrategy)):
+            return precision.MixedPrecision(precision=self._precision_input, device="flagos")
+        return check_and_init_precision(self)
+
+    connector._choose_strategy = _choose_strategy
+    connector._lazy_init_strategy = _lazy_init_strategy
+    connector._check_and_init_precision = _check_and_init_precision
+    connector._flagos_completed = True
 
 
 def __getattr__(name: str) -> Any:

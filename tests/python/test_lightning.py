@@ -176,6 +176,23 @@ def test_ddp_on_two_devices_matches_one_process_on_the_global_batch(strategy: st
         assert f"rank {rank} lightning_ddp ok" in result.stdout, result.stdout + result.stderr[-4000:]
 
 
+@pytest.mark.parametrize("args", [["1"], ["1", "bf16-mixed"], ["2"]])
+def test_fabric_on_flagos_matches_one_cpu_process(args: list[str]) -> None:
+    # Fabric(accelerator="flagos"): one device (32-bit and bf16 autocast on
+    # flagos), and two under DDP (Fabric's launcher runs the script again
+    # for rank 1); rank 0 checks the weights against plain torch on the CPU
+    # trained on the global batches. Before torch_fl registered flagos with
+    # Fabric, the name was refused and an accelerator instance trained on
+    # the CPU.
+    result = subprocess.run(
+        [sys.executable, "fabric_train.py", *args], cwd=REPO / "tests" / "distributed",
+        env=dict(os.environ, OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    for rank in range(int(args[0])):
+        assert f"rank {rank} fabric ok on flagos:{rank}" in result.stdout, result.stdout
+
+
 def test_a_device_the_daemon_does_not_serve_is_refused(tmp_path: Path) -> None:
     count = torch.flagos.device_count()
     with pytest.raises(MisconfigurationException,
