@@ -128,36 +128,13 @@ def accelerator_class(namespace: str = "lightning.pytorch") -> type:
 def register(namespace: str = "lightning.pytorch") -> None:
     """Registers ``"flagos"`` in ``namespace``'s AcceleratorRegistry and
     completes its Trainer's choices for flagos (module docstring). Idempotent."""
-    accelerator = accelerator_class(namespace)
-    registry = importlib.import_module(f"{namespace}.accelerators").AcceleratorRegistry
-    if "flagos" not in registry:
-        accelerator.register_accelerators(registry)
-    connector = importlib.import_module(f"{namespace}.{CONNECTOR_MODULE}")._AcceleratorConnector
-    if getattr(connector, "_flagos_completed", False):
+    completed = _complete(namespace, "AcceleratorRegistry", CONNECTOR_MODULE,
+                          "_AcceleratorConnector", "determine_ddp_device_ids",
+                          ("_precision_plugin_flag", "_precision_flag"))
+    if completed is None:
         return
-    strategies = importlib.import_module(f"{namespace}.strategies")
-    precision = importlib.import_module(f"{namespace}.plugins.precision")
-
-    def on_flagos(connector_self: Any) -> bool:
-        flag = connector_self._accelerator_flag
-        return flag == "flagos" or isinstance(flag, accelerator)
-
-    choose_strategy = connector._choose_strategy
+    connector, strategies, on_flagos = completed
     check_strategy_and_fallback = connector._check_strategy_and_fallback
-    check_and_init_precision = connector._check_and_init_precision
-    lazy_init_strategy = connector._lazy_init_strategy
-
-    @functools.wraps(choose_strategy)
-    def _choose_strategy(self: Any) -> Any:
-        if not on_flagos(self) or self._num_nodes_flag > 1 or len(self._parallel_devices) > 1:
-            return choose_strategy(self)  # "ddp" for several devices or nodes
-        return strategies.SingleDeviceStrategy(device=self._parallel_devices[0])
-
-    @functools.wraps(lazy_init_strategy)
-    def _lazy_init_strategy(self: Any) -> None:
-        lazy_init_strategy(self)
-        if on_flagos(self) and isinstance(self.strategy, strategies.DDPStrategy):
-            _ddp_on_flagos(self.strategy, "determine_ddp_device_ids")
 
     @functools.wraps(check_strategy_and_fallback)
     def _check_strategy_and_fallback(self: Any) -> None:
@@ -178,21 +155,76 @@ def register(namespace: str = "lightning.pytorch") -> None:
         finally:
             self._accelerator_flag = accelerator_flag
 
+    connector._check_strategy_and_fallback = _check_strategy_and_fallback
+
+
+def register_fabric(namespace: str = "lightning.fabric") -> None:
+    """``Fabric(accelerator="flagos")``: registers the flagos accelerator in
+    ``namespace``'s ACCELERATOR_REGISTRY and completes Fabric's choices for
+    it, as :func:`register` does the Trainer's: one device gets
+    ``SingleDeviceStrategy`` on it (Fabric picks the CPU for an accelerator
+    it does not know), several get DDP on the flagos backend, and
+    ``"bf16-mixed"`` / ``"16-mixed"`` autocast on flagos. Idempotent."""
+    _complete(namespace, "ACCELERATOR_REGISTRY", "connector", "_Connector",
+              "_determine_ddp_device_ids", ("_precision_instance", "_precision_input"))
+
+
+def _complete(namespace: str, registry_name: str, connector_module: str, connector_name: str,
+              device_ids_method: str, precision_attributes: tuple[str, str]) -> Any:
+    """What the Trainer's and Fabric's connectors share: the accelerator in
+    the registry; one device gets SingleDeviceStrategy on it; DDP gets the
+    flagos backend (:func:`_ddp_on_flagos`); a mixed precision without a
+    plugin autocasts on flagos. Returns (connector class, strategies module,
+    on_flagos) to complete further, or None when done before."""
+    accelerator = accelerator_class(namespace)
+    registry = getattr(importlib.import_module(f"{namespace}.accelerators"), registry_name)
+    if "flagos" not in registry:
+        accelerator.register_accelerators(registry)
+    connector = getattr(importlib.import_module(f"{namespace}.{connector_module}"),
+                        connector_name)
+    if getattr(connector, "_flagos_completed", False):
+        return None
+    strategies = importlib.import_module(f"{namespace}.strategies")
+    precision = importlib.import_module(f"{namespace}.plugins.precision")
+    plugin_attribute, precision_attribute = precision_attributes
+
+    def on_flagos(connector_self: Any) -> bool:
+        flag = connector_self._accelerator_flag
+        return flag == "flagos" or isinstance(flag, accelerator)
+
+    choose_strategy = connector._choose_strategy
+    check_and_init_precision = connector._check_and_init_precision
+    lazy_init_strategy = connector._lazy_init_strategy
+
+    @functools.wraps(choose_strategy)
+    def _choose_strategy(self: Any) -> Any:
+        if not on_flagos(self) or self._num_nodes_flag > 1 or len(self._parallel_devices) > 1:
+            return choose_strategy(self)  # "ddp" for several devices or nodes
+        return strategies.SingleDeviceStrategy(device=self._parallel_devices[0])
+
+    @functools.wraps(lazy_init_strategy)
+    def _lazy_init_strategy(self: Any) -> None:
+        lazy_init_strategy(self)
+        if on_flagos(self) and isinstance(self.strategy, strategies.DDPStrategy):
+            _ddp_on_flagos(self.strategy, device_ids_method)
+
     @functools.wraps(check_and_init_precision)
     def _check_and_init_precision(self: Any) -> Any:
-        if (on_flagos(self) and self._precision_plugin_flag is None
-                and self._precision_flag in ("16-mixed", "bf16-mixed")
+        wanted = getattr(self, precision_attribute)
+        if (on_flagos(self) and getattr(self, plugin_attribute) is None
+                and wanted in ("16-mixed", "bf16-mixed")
                 and type(self.strategy) in (strategies.SingleDeviceStrategy,
                                             strategies.DDPStrategy)):
-            self._validate_precision_choice()
-            return precision.MixedPrecision(self._precision_flag, "flagos")
+            if hasattr(self, "_validate_precision_choice"):
+                self._validate_precision_choice()
+            return precision.MixedPrecision(wanted, "flagos")
         return check_and_init_precision(self)
 
     connector._choose_strategy = _choose_strategy
-    connector._check_strategy_and_fallback = _check_strategy_and_fallback
     connector._lazy_init_strategy = _lazy_init_strategy
     connector._check_and_init_precision = _check_and_init_precision
     connector._flagos_completed = True
+    return connector, strategies, on_flagos
 
 
 def _ddp_on_flagos(strategy: Any, device_ids_method: str) -> None:
@@ -210,58 +242,6 @@ def _ddp_on_flagos(strategy: Any, device_ids_method: str) -> None:
 
 def _no_device_ids() -> None:
     return None
-
-
-def register_fabric(namespace: str = "lightning.fabric") -> None:
-    """``Fabric(accelerator="flagos")``: registers the flagos accelerator in
-    ``namespace``'s ACCELERATOR_REGISTRY and completes Fabric's choices for
-    it, as :func:`register` does the Trainer's: one device gets
-    ``SingleDeviceStrategy`` on it (Fabric picks the CPU for an accelerator
-    it does not know), several get DDP on the flagos backend, and
-    ``"bf16-mixed"`` / ``"16-mixed"`` autocast on flagos. Idempotent."""
-    accelerator = accelerator_class(namespace)
-    registry = importlib.import_module(f"{namespace}.accelerators").ACCELERATOR_REGISTRY
-    if "flagos" not in registry:
-        accelerator.register_accelerators(registry)
-    connector = importlib.import_module(f"{namespace}.connector")._Connector
-    if getattr(connector, "_flagos_completed", False):
-        return
-    strategies = importlib.import_module(f"{namespace}.strategies")
-    precision = importlib.import_module(f"{namespace}.plugins.precision")
-
-    def on_flagos(connector_self: Any) -> bool:
-        flag = connector_self._accelerator_flag
-        return flag == "flagos" or isinstance(flag, accelerator)
-
-    choose_strategy = connector._choose_strategy
-    check_and_init_precision = connector._check_and_init_precision
-    lazy_init_strategy = connector._lazy_init_strategy
-
-    @functools.wraps(choose_strategy)
-    def _choose_strategy(self: Any) -> Any:
-        if not on_flagos(self) or self._num_nodes_flag > 1 or len(self._parallel_devices) > 1:
-            return choose_strategy(self)
-        return strategies.SingleDeviceStrategy(device=self._parallel_devices[0])
-
-    @functools.wraps(lazy_init_strategy)
-    def _lazy_init_strategy(self: Any) -> None:
-        lazy_init_strategy(self)
-        if on_flagos(self) and isinstance(self.strategy, strategies.DDPStrategy):
-            _ddp_on_flagos(self.strategy, "_determine_ddp_device_ids")
-
-    @functools.wraps(check_and_init_precision)
-    def _check_and_init_precision(self: Any) -> Any:
-        if (on_flagos(self) and self._precision_instance is None
-                and self._precision_input in ("16-mixed", "bf16-mixed")
-                and type(self.strategy) in (strategies.SingleDeviceStrategy,
-                                            strategies.DDPStrategy)):
-            return precision.MixedPrecision(precision=self._precision_input, device="flagos")
-        return check_and_init_precision(self)
-
-    connector._choose_strategy = _choose_strategy
-    connector._lazy_init_strategy = _lazy_init_strategy
-    connector._check_and_init_precision = _check_and_init_precision
-    connector._flagos_completed = True
 
 
 def __getattr__(name: str) -> Any:
