@@ -72,6 +72,18 @@ std::string AddressText(const uint8_t (&ip)[16]) {
   return text;
 }
 
+// The mask of byte `i` of an address in a network of `prefix_bits`.
+uint8_t ByteMask(int prefix_bits, int i) {
+  const int left = prefix_bits - 8 * i;
+  return left >= 8 ? 0xff : left <= 0 ? 0 : static_cast<uint8_t>(0xff << (8 - left));
+}
+
+// `n` with its host bits cleared: the network's own address.
+IpNetwork Whole(IpNetwork n) {
+  for (int i = 0; i < 16; ++i) n.address[i] &= ByteMask(n.prefix_bits, i);
+  return n;
+}
+
 bool Listed(const std::vector<IpNetwork>& networks, const uint8_t (&ip)[16]) {
   for (const IpNetwork& n : networks) {
     if (n.Contains(ip)) return true;
@@ -105,9 +117,8 @@ CurrentRule& TheCurrent() {
 }  // namespace
 
 bool IpNetwork::Contains(const uint8_t (&ip)[16]) const {
-  int bits = prefix_bits;
-  for (int i = 0; i < 16 && bits > 0; ++i, bits -= 8) {
-    const uint8_t mask = bits >= 8 ? 0xff : static_cast<uint8_t>(0xff << (8 - bits));
+  for (int i = 0; i < 16; ++i) {
+    const uint8_t mask = ByteMask(prefix_bits, i);
     if ((ip[i] & mask) != (address[i] & mask)) return false;
   }
   return true;
@@ -145,14 +156,7 @@ absl::StatusOr<IpNetwork> ParseIpNetwork(absl::string_view text) {
     return bad();
   }
   n.prefix_bits = max_bits == 32 ? bits + 96 : bits;
-  // The network's own address: host bits cleared.
-  const IpNetwork whole = n;
-  for (int i = 0; i < 16; ++i) {
-    const int left = n.prefix_bits - 8 * i;
-    const uint8_t mask = left >= 8 ? 0xff : left <= 0 ? 0 : static_cast<uint8_t>(0xff << (8 - left));
-    n.address[i] = whole.address[i] & mask;
-  }
-  return n;
+  return Whole(n);
 }
 
 std::vector<IpNetwork> HostNetworks() {
@@ -171,8 +175,8 @@ std::vector<IpNetwork> HostNetworks() {
     } else {
       n.prefix_bits = 128;
     }
-    absl::StatusOr<IpNetwork> whole = ParseIpNetwork(n.ToString());
-    if (whole.ok() && !Listed(out, whole->address)) out.push_back(*whole);
+    const IpNetwork whole = Whole(n);
+    if (!Listed(out, whole.address)) out.push_back(whole);
   }
   return out;
 }

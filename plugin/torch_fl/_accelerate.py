@@ -60,11 +60,10 @@ def register(state: ModuleType) -> None:
                 f"flagos: Accelerate was asked for the distributed backend {backend!r}; flagos "
                 f"tensors take the flagos c10d backend ({BACKEND!r}, the default): leave the "
                 "backend unset (docs/usage.md, \"The Hugging Face Trainer and Accelerate\")")
-        self._flagos_processes = True
         return BACKEND, DistributedType.MULTI_CPU
 
     def _set_device(self):
-        if not getattr(self, "_flagos_processes", False):
+        if self.backend != BACKEND:  # not a launch _prepare_backend took for flagos
             return set_device(self)
         if self.device is None or (self.device.type == "flagos" and self.device.index is None):
             index = self.local_process_index % torch.flagos.device_count()

@@ -31,7 +31,6 @@ refused naming what to use instead.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import socket
@@ -155,6 +154,11 @@ class _SendWork(dist._Work):
         return future
 
 
+def _device_index(tensor: torch.Tensor) -> int:
+    index = tensor.device.index
+    return index if index is not None else torch.flagos.current_device()
+
+
 def _all_on(tensors, device_type: str) -> bool:
     return all(t.device.type == device_type for t in tensors)
 
@@ -247,25 +251,22 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         raise RuntimeError(f"flagos process group: {what} of tensors on {', '.join(devices)}: "
                            "a collective takes flagos tensors or CPU tensors, not a mix")
 
-    @contextlib.contextmanager
-    def _ordered(self, tensor: torch.Tensor):
-        """Issues the collectives inside on the current stream, after this
-        group's previous collective on the device: a rank's collectives run
-        in the daemon in the order the program called them, whatever streams
-        it called them on (FSDP2 all-gathers on one and reduce-scatters on
-        another), as its peers' do; the daemon matches a rank's k-th
-        collective with its peers' k-th. When the previous one was on another
-        stream, the current stream first waits for that stream's work so
-        far; on the same stream (DDP, most programs) the stream's order
-        suffices and nothing is sent."""
-        index = tensor.device.index if tensor.device.index is not None else (
-            torch.flagos.current_device())
+    def _after_last_collective(self, tensor: torch.Tensor) -> None:
+        """Call before issuing a collective on the current stream: it then
+        runs after this group's previous collective on the device, so a
+        rank's collectives run in the daemon in the order the program called
+        them, whatever streams it called them on (FSDP2 all-gathers on one
+        and reduce-scatters on another), as its peers' do; the daemon matches
+        a rank's k-th collective with its peers' k-th. When the previous one
+        was on another stream, the current stream first waits for that
+        stream's work so far; on the same stream (DDP, most programs) the
+        stream's order suffices and nothing is sent."""
+        index = _device_index(tensor)
         current = torch.flagos.current_stream(index)
         last = self._last_streams.get(index)
         if last is not None and last != current:
             current.wait_stream(last)
         self._last_streams[index] = current
-        yield
 
     def _args(self, opts):
         if _C._session_generation() != self._generation:
@@ -324,9 +325,9 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         if not self._flagos(tensors, "broadcast"):
             return self._gloo.broadcast(tensors, opts)
         comm, rank, size, timeout = self._args(opts)
-        with self._ordered(tensors[0]):
-            for t in tensors:
-                _ops.broadcast_(t, comm, rank, size, getattr(opts, "rootRank", 0), timeout)
+        self._after_last_collective(tensors[0])
+        for t in tensors:
+            _ops.broadcast_(t, comm, rank, size, getattr(opts, "rootRank", 0), timeout)
         return _done(tensors)
 
     def allreduce(self, tensors, opts=None):
@@ -334,10 +335,9 @@ class ProcessGroupFlagos(dist.ProcessGroup):
             return self._gloo.allreduce(tensors, opts)
         op, factor = _reduce_op(opts)
         comm, rank, size, timeout = self._args(opts)
-        premultiplied = [_premultiplied(t, factor, True) for t in tensors]
-        with self._ordered(tensors[0]):
-            for t in premultiplied:
-                _ops.all_reduce_(t, comm, rank, size, op, timeout)
+        self._after_last_collective(tensors[0])
+        for t in tensors:
+            _ops.all_reduce_(_premultiplied(t, factor, True), comm, rank, size, op, timeout)
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -364,8 +364,8 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         for t in tensors:
             mine = _premultiplied(t, factor, True) if rank == root else (
                 _premultiplied(t, factor, False) if factor is not None else t.clone())
-            with self._ordered(mine):
-                _ops.all_reduce_(mine, comm, rank, size, op, timeout)
+            self._after_last_collective(mine)
+            _ops.all_reduce_(mine, comm, rank, size, op, timeout)
         return _done(tensors)
 
     def gather(self, output_lists, inputs, opts=None):
@@ -402,8 +402,8 @@ class ProcessGroupFlagos(dist.ProcessGroup):
             else:
                 blocks = torch.empty((size,) + tuple(out.shape), dtype=out.dtype,
                                      device=out.device)
-            with self._ordered(blocks):
-                _ops.broadcast_(blocks, comm, rank, size, root, timeout)
+            self._after_last_collective(blocks)
+            _ops.broadcast_(blocks, comm, rank, size, root, timeout)
             out.copy_(blocks[rank])
         return _done(outputs)
 
@@ -417,9 +417,9 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         send = torch.cat([t.reshape(-1) for t in inputs])
         received = torch.empty(sum(t.numel() for t in outputs), dtype=send.dtype,
                                device=send.device)
-        with self._ordered(send):
-            _ops.all_to_all_single_(received, send, [t.numel() for t in outputs],
-                                    [t.numel() for t in inputs], *self._args(opts))
+        self._after_last_collective(send)
+        _ops.all_to_all_single_(received, send, [t.numel() for t in outputs],
+                                [t.numel() for t in inputs], *self._args(opts))
         for out, block in zip(outputs, received.split([t.numel() for t in outputs])):
             out.copy_(block.view(out.shape))
         return _done(outputs)
@@ -441,8 +441,8 @@ class ProcessGroupFlagos(dist.ProcessGroup):
     def _allgather_base(self, output, input, opts=None):
         if not self._flagos([output, input], "all_gather_into_tensor"):
             return self._gloo._allgather_base(output, input, opts)
-        with self._ordered(output):
-            _ops.all_gather_into_tensor_(output, input, *self._args(opts))
+        self._after_last_collective(output)
+        _ops.all_gather_into_tensor_(output, input, *self._args(opts))
         return _done([output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -468,8 +468,8 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         op, factor = _reduce_op(opts)
         comm, rank, size, timeout = self._args(opts)
         source = _premultiplied(input, factor, False).contiguous()
-        with self._ordered(output):
-            _ops.reduce_scatter_tensor_(output, source, comm, rank, size, op, timeout)
+        self._after_last_collective(output)
+        _ops.reduce_scatter_tensor_(output, source, comm, rank, size, op, timeout)
         return _done([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -485,9 +485,9 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         source = input.contiguous()
         received = output if output.is_contiguous() else torch.empty_like(
             output, memory_format=torch.contiguous_format)
-        with self._ordered(received):
-            _ops.all_to_all_single_(received, source, list(output_split_sizes),
-                                    list(input_split_sizes), *self._args(opts))
+        self._after_last_collective(received)
+        _ops.all_to_all_single_(received, source, list(output_split_sizes),
+                                list(input_split_sizes), *self._args(opts))
         if received is not output:
             output.copy_(received)
         return _done([output])
@@ -496,8 +496,7 @@ class ProcessGroupFlagos(dist.ProcessGroup):
         if not self._flagos(tensors, "send"):
             return self._gloo.send(tensors, dst, tag)
         comm, rank, size, timeout = self._args(None)
-        device = tensors[0].device
-        index = device.index if device.index is not None else torch.flagos.current_device()
+        index = _device_index(tensors[0])
         current = torch.flagos.current_stream(index)
         stream = self._send_streams.get(index)
         if stream is None:
