@@ -14,6 +14,10 @@ executed, every thread of the process) inside the window divided by
   shim's CALLGRIND_START/STOP_INSTRUMENTATION client requests).
 - client: the same loop on flagos tensors, then torch.flagos.synchronize(),
   in the same interpreter; the daemon runs natively meanwhile.
+- replayed (with --phases=...,replayed): flagosd under callgrind as for
+  daemon, but the client captures `--graph-ops` of the calls into one graph
+  (torch.accelerator.Graph) before the window and replays it --ops /
+  --graph-ops times in it: the daemon's instructions per op replayed.
 - daemon: flagosd under callgrind (started with instrumentation off); the
   client runs natively. The driver switches the daemon's instrumentation on
   and zeroes its counters (callgrind_control -i on, -z) while the client
@@ -94,7 +98,7 @@ def _expect(word: str) -> None:
                          f"got {line!r}")
 
 
-def worker(kind: str, shim: str, ops: int, warmup: int) -> None:
+def worker(kind: str, shim: str, ops: int, warmup: int, graph_ops: int) -> None:
     import ctypes
 
     import torch
@@ -135,6 +139,19 @@ def worker(kind: str, shim: str, ops: int, warmup: int) -> None:
                 torch.flagos.synchronize()
             cg.flagos_callgrind_dump(name)
             cg.flagos_callgrind_stop()
+    elif kind == "replayed":
+        a, b = state["flagos"]
+        graph = torch.accelerator.Graph()
+        with graph:
+            for _ in range(graph_ops):
+                a.add_(b)
+        _say("ready")
+        _expect("go")
+        for _ in range(ops // graph_ops):
+            graph.replay()
+        torch.flagos.synchronize()
+        _say("done")
+        _expect("finish")
     else:
         a, b = state["flagos"]
         _say("ready")
@@ -229,6 +246,7 @@ class Run:
     daemon_idle: float
     client_batches: int
     daemon_window_s: float
+    replayed: float = float("nan")
 
 
 @dataclass
@@ -253,9 +271,12 @@ class Driver:
         self.python = sys.executable  # the real interpreter, not a pyenv shim
         self.children: list[subprocess.Popen] = []
         self.phases = {p for p in args.phases.split(",") if p}
-        if not self.phases or self.phases - {"client", "daemon"}:
+        if not self.phases or self.phases - {"client", "daemon", "replayed"}:
             raise SystemExit(f"instructions-per-op: --phases={args.phases}: name client, "
-                             "daemon or both")
+                             "daemon, replayed or several")
+        if "replayed" in self.phases and (args.graph_ops <= 0 or args.ops % args.graph_ops):
+            raise SystemExit(f"instructions-per-op: --ops={args.ops} must be a multiple of "
+                             f"--graph-ops={args.graph_ops} (> 0)")
 
     def log(self, text: str) -> None:
         print(f"instructions-per-op: {text}", file=sys.stderr, flush=True)
@@ -325,7 +346,8 @@ class Driver:
     def worker_command(self, kind: str) -> list[str]:
         a = self.args
         return [self.python, str(Path(__file__).resolve()), f"--worker={kind}",
-                f"--shim={a.shim}", f"--ops={a.ops}", f"--warmup={a.warmup}"]
+                f"--shim={a.shim}", f"--ops={a.ops}", f"--warmup={a.warmup}",
+                f"--graph-ops={a.graph_ops}"]
 
     def measure_client(self, tree: Tree, name: str) -> tuple[float, float, int]:
         daemon, endpoint = self.start_daemon(tree, f"{name}-native-daemon", under_callgrind=False)
@@ -353,10 +375,11 @@ class Driver:
         ops = self.args.ops
         return dumps["native"].instructions / ops, dumps["client"].instructions / ops, batches
 
-    def measure_daemon(self, tree: Tree, name: str) -> tuple[float, float, float]:
-        name = f"{name}-daemon"
+    def measure_daemon(self, tree: Tree, name: str,
+                       kind: str = "daemon") -> tuple[float, float, float]:
+        name = f"{name}-{kind}"
         daemon, endpoint = self.start_daemon(tree, name, under_callgrind=True)
-        client = subprocess.Popen(self.worker_command("daemon"), env=self.env(tree, endpoint),
+        client = subprocess.Popen(self.worker_command(kind), env=self.env(tree, endpoint),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   preexec_fn=_die_with_driver)
         self.children.append(client)
@@ -418,7 +441,12 @@ class Driver:
                 if "daemon" in self.phases:
                     self.log(f"run {run} of {total}, {tree.label}: flagosd under callgrind")
                     daemon, idle, window = self.measure_daemon(tree, name)
-                tree.runs.append(Run(native, client, daemon, idle, batches, window))
+                replayed = float("nan")
+                if "replayed" in self.phases:
+                    self.log(f"run {run} of {total}, {tree.label}: flagosd under callgrind, "
+                             f"graph replays")
+                    replayed, _, _ = self.measure_daemon(tree, name, kind="replayed")
+                tree.runs.append(Run(native, client, daemon, idle, batches, window, replayed))
                 self.log(f"run {run}, {tree.label}: native {native:,.0f}, client {client:,.0f}, "
                          f"daemon {daemon:,.0f} (idle {idle:,.0f}) instructions per op")
 
@@ -438,6 +466,8 @@ def table(tree: Tree, args: argparse.Namespace) -> str:
     if "daemon" in measured:
         rows += [("flagosd", [r.daemon for r in runs]),
                  ("flagosd idle, same window", [r.daemon_idle for r in runs])]
+    if "replayed" in measured:
+        rows += [("flagosd, graph replays", [r.replayed for r in runs])]
     head = f"{'instructions per op':<27}" + "".join(f"{f'run {i + 1}':>10}"
                                                      for i in range(len(runs)))
     head += f"{'median':>10}{'spread':>8}"
@@ -488,7 +518,8 @@ def comparison(base: Tree, other: Tree, args: argparse.Namespace) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", choices=("client", "daemon"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("client", "daemon", "replayed"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--daemon", action="append", default=[],
                         help="the flagosd binary to measure (once per tree; the first is "
                              "the baseline of the comparison)")
@@ -506,13 +537,16 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="repetitions (default 3)")
     parser.add_argument("--phases", default="client,daemon",
                         help="which processes to measure: client (native and client figures), "
-                             "daemon, or both (default client,daemon)")
+                             "daemon, replayed (flagosd replaying a graph of the calls), "
+                             "comma-separated (default client,daemon)")
+    parser.add_argument("--graph-ops", type=int, default=100,
+                        help="calls per captured graph in the replayed phase (default 100)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--keep", type=Path,
                         help="copy the callgrind files here (for callgrind_annotate)")
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.shim, args.ops, args.warmup)
+        worker(args.worker, args.shim, args.ops, args.warmup, args.graph_ops)
         return 0
     if not args.daemon or len(args.daemon) != len(args.plugin_dir) or not args.workdir:
         parser.error("--workdir and one --plugin-dir for each --daemon are required")

@@ -3,7 +3,7 @@
 `scripts/bench` builds, starts a private flagosd, sets FLAGOS_ENDPOINT and
 runs this. Each benchmark measures its flagos figure and its baseline in the
 same run (see the module docstrings: tiny_op, roundtrip, copies, training,
-multiproc, allreduce, tcp, kunlunxin_native; the shared timing code is in common.py). Prints a table and, for
+multiproc, allreduce, tcp, kunlunxin_native, graphs; the shared timing code is in common.py). Prints a table and, for
 a full run, writes it with the machine's description and the goals to
 docs/performance.md.
 
@@ -24,6 +24,7 @@ from pathlib import Path
 import common  # first: puts the source tree's plugin/ on sys.path if needed
 import allreduce
 import copies
+import graphs
 import kunlunxin_native
 import multiproc
 import roundtrip
@@ -42,6 +43,7 @@ BENCHMARKS = {
     "allreduce": allreduce,
     "tcp": tcp,
     "kunlunxin_native": kunlunxin_native,
+    "graphs": graphs,
 }
 # More than this fraction of the CPUs busy with other work makes figures unreliable.
 BUSY_WARNING = 0.15
@@ -75,6 +77,9 @@ GOALS = [
                                   f"≥ {kunlunxin_native.NATIVE_SHARE_GOAL:.0%} of its ops native, "
                                   f"≤ {kunlunxin_native.BYTES_GOAL:.0%} of the all-cpu_fallback "
                                   f"bytes moved"),
+    ("9. captured training step", f"an MLP step bound by tiny ops (4×64, batch {graphs.BATCH}), "
+                                  f"captured once and replayed, ≤ {graphs.GOAL:g}× the same step "
+                                  f"run eagerly by native CPU torch, with equal losses"),
 ]
 
 

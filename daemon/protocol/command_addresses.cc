@@ -70,6 +70,11 @@ void ForEachDeviceAddress(v1::Command& command, Visit visit) {
       copy.set_dst(dst);
       break;
     }
+    case v1::Command::kDefineGraph:
+      for (v1::Command& captured : *command.mutable_define_graph()->mutable_commands()) {
+        ForEachDeviceAddress(captured, visit);
+      }
+      break;
     default:
       break;
   }

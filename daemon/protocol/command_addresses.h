@@ -19,6 +19,7 @@ namespace flagos::daemon {
 //   place_result: dst; free, copy_to_device, copy_from_device, memset,
 //   export_memory, release_import, query_export: addr (on command.device);
 //   copy_device_to_device: src (on src_device), then dst (on command.device).
+//   define_graph: each captured command's, in order.
 // Undefined TensorRefs are visited too (their address is not used).
 void ForEachDeviceAddress(v1::Command& command,
                           absl::FunctionRef<void(int device, uint64_t& addr)> visit);

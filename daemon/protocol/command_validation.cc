@@ -191,6 +191,9 @@ absl::string_view CommandKindName(const v1::Command& command) {
     case v1::Command::kImportMemory: return "import_memory";
     case v1::Command::kReleaseImport: return "release_import";
     case v1::Command::kQueryExport: return "query_export";
+    case v1::Command::kDefineGraph: return "define_graph";
+    case v1::Command::kReplayGraph: return "replay_graph";
+    case v1::Command::kDestroyGraph: return "destroy_graph";
     case v1::Command::KIND_NOT_SET: return "empty";
   }
   return "unknown";

@@ -231,6 +231,14 @@ void Session::Dispatch(v1::Command& command, const std::shared_ptr<const void>& 
       return ElapsedTime(command);
     case v1::Command::kDestroyEvent:
       return DestroyEvent(command);
+    case v1::Command::kDefineGraph:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return DefineGraph(command);
+    case v1::Command::kReplayGraph:
+      if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
+      return ReplayGraph(command);
+    case v1::Command::kDestroyGraph:
+      return DestroyGraph(command);
     case v1::Command::KIND_NOT_SET:
       return ReplyError(seq, kind,
                         absl::InvalidArgumentError(absl::StrCat(
@@ -337,6 +345,7 @@ Session::CloseSummary Session::Close() {
   // Every record task has run or was dropped: releasing the table destroys
   // the backend events.
   events_.Clear();
+  graphs_.Clear();
   // No reply can come now: the last ones go out (unless the stream is
   // gone), then the writer stops; only then is the sync fd closed.
   replies_.Finish();

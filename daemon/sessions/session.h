@@ -106,6 +106,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "admission/peer_credentials.h"
@@ -125,6 +126,7 @@
 #include "memory/staging_region.h"
 #include "observability/metrics.h"
 #include "ops/op_runner.h"
+#include "sessions/captured_graphs.h"
 #include "transport/reply_writer.h"
 #include "transport/sync_channel.h"
 
@@ -321,6 +323,10 @@ class Session {
   bool HandleSyncRequest(v1::SyncRequest& request);
 
   // ---- what a queued command does (session_copies.cc).
+  // Runs `body` as queued work runs: not at all once the client is gone
+  // (nullopt: dropped, as Close drops what is still queued); else counted in
+  // running_, with memory_mu_ held shared, an exception made INTERNAL.
+  std::optional<absl::Status> RunQueued(absl::FunctionRef<absl::Status()> body);
   // Runs on a queue worker. Issues the command's work to `backend_stream`;
   // what the work holds (upload bytes, staging chunks) is released, and a
   // download is replied, only once the device has completed it. May move
@@ -335,6 +341,19 @@ class Session {
                                  v1::Completion completion, std::shared_ptr<std::string> data);
   // Counts a copy command's bytes (when metrics are on).
   void CountCopy(int device, CopyDirection direction, uint64_t nbytes);
+
+  // ---- captured graphs (session_graphs.cc, captured_graphs.h).
+  // Reading thread. define_graph: checks the part's commands (their
+  // addresses against the session's memory) and answers.
+  void DefineGraph(v1::Command& command) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // Queues one task on the command's stream that runs the graph.
+  void ReplayGraph(const v1::Command& command) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  void DestroyGraph(const v1::Command& command);
+  // Worker: runs graph `id`'s commands in order on `backend_stream`, random
+  // ops drawing from `rng`; the first failure stops it and is replied as
+  // command `seq`'s.
+  void RunReplay(const CapturedGraph& graph, uint64_t id, uint64_t seq,
+                 const v1::GeneratorValue& rng, StreamHandle backend_stream);
 
   // ---- events (session_events.cc; flagos.proto RecordEvent ...).
   class RecordTask;
@@ -423,6 +442,8 @@ class Session {
 
   // Event ids and their records' issued state.
   EventTable events_;
+  // The client's captured graphs.
+  CapturedGraphs graphs_;
   // Frees and releases scheduled and not yet executed (allocate waits for
   // them before it reports out-of-memory, a sync for the ones before it).
   PendingFrees pending_frees_;

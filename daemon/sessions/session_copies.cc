@@ -4,6 +4,7 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -33,28 +34,34 @@ void Session::CountCopy(int device, CopyDirection direction, uint64_t nbytes) {
   if (DeviceMetrics* metrics = MetricsFor(device)) metrics->CountCopy(direction, nbytes);
 }
 
-void Session::Execute(v1::Command& command, StreamHandle backend_stream) {
+std::optional<absl::Status> Session::RunQueued(absl::FunctionRef<absl::Status()> body) {
   // The client is gone: what has not started is dropped, as Close drops
   // what is still queued.
-  if (detached_.load(std::memory_order_acquire)) return;
+  if (detached_.load(std::memory_order_acquire)) return std::nullopt;
   running_.fetch_add(1, std::memory_order_relaxed);
   struct Finished {
     std::atomic<uint32_t>& running;
     ~Finished() { running.fetch_sub(1, std::memory_order_relaxed); }
   } finished{running_};
+  try {
+    absl::ReaderMutexLock lock(&memory_mu_);
+    return body();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("flagosd failed to execute the command: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("flagosd failed to execute the command (unknown exception)");
+  }
+}
+
+void Session::Execute(v1::Command& command, StreamHandle backend_stream) {
   v1::Completion completion;
   completion.set_seq(command.seq());
   bool reply = false;
-  absl::Status status;
-  try {
-    absl::ReaderMutexLock lock(&memory_mu_);
-    status = ExecuteLocked(command, backend_stream, &completion, &reply);
-  } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat("flagosd failed to execute the command: ", e.what()));
-  } catch (...) {
-    status = absl::InternalError("flagosd failed to execute the command (unknown exception)");
-  }
-  if (!status.ok()) return ReplyError(command.seq(), CommandKindName(command), status);
+  const std::optional<absl::Status> status = RunQueued([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return ExecuteLocked(command, backend_stream, &completion, &reply);
+  });
+  if (!status.has_value()) return;
+  if (!status->ok()) return ReplyError(command.seq(), CommandKindName(command), *status);
   if (reply) Reply(std::move(completion));
 }
 

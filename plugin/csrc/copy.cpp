@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "graph_capture.h"
 #include "pinned_allocator.h"
 #include "runtime.h"
 #include "tensor_codec.h"
@@ -66,6 +67,10 @@ at::Tensor ApplyBits(const at::Tensor& t, at::Tensor logical) {
 
 void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return;
+  if (AnyCapture()) {
+    const int device = dst.device().index();
+    RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from host memory to flagos");
+  }
   if (non_blocking && IsDenseBlock(dst) && SameBytes(src, dst)) {
     if (std::optional<PinnedLocation> pinned = SharedPinned(src)) {
       // The daemon reads the pinned region when the copy runs on the
@@ -101,6 +106,10 @@ void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst, bool non_blo
 
 void CopyDeviceToHost(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (src.numel() == 0) return;
+  if (AnyCapture()) {
+    const int device = src.device().index();
+    RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from flagos to host memory");
+  }
   if (non_blocking && IsDenseBlock(src) && SameBytes(dst, src)) {
     if (std::optional<PinnedLocation> pinned = SharedPinned(dst)) {
       // Returns at once: the daemon writes the pinned region when the copy
@@ -173,6 +182,9 @@ void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
 }  // namespace
 
 void UploadBytes(int device, uint64_t addr, const void* data, uint64_t nbytes) {
+  if (AnyCapture()) {
+    RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from host memory to flagos");
+  }
   ThrowIfError(Session().Upload(device, CurrentStreamOf(device), addr, data, nbytes,
                                 "copy host → flagos:" + std::to_string(device)));
   // Debugging: the copy completes before the call returns.
@@ -180,6 +192,9 @@ void UploadBytes(int device, uint64_t addr, const void* data, uint64_t nbytes) {
 }
 
 void DownloadBytes(int device, uint64_t addr, void* out, uint64_t nbytes) {
+  if (AnyCapture()) {
+    RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from flagos to host memory");
+  }
   ThrowIfError(Session().Download(device, CurrentStreamOf(device), out, addr, nbytes,
                                   "copy flagos:" + std::to_string(device) + " → host"));
 }

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph_capture.h"
 #include "runtime.h"
 #include "sharing.h"
 
@@ -32,11 +33,13 @@ uint64_t RoundUp(uint64_t n, uint64_t m) { return (n + m - 1) / m * m; }
 // A (device, stream) that used a block besides its own stream.
 using StreamUse = std::pair<int, uint64_t>;
 
+// Where a free block may be reused: the stream the segment belongs to, or
+// a graph pool's key (kGraphPoolBit set; graph_capture.h).
 struct Block {
   uint64_t addr = 0;
   uint64_t size = 0;
   uint64_t segment = 0;  // address of the owning segment
-  uint64_t stream = 0;   // the segment's stream
+  uint64_t stream = 0;   // the segment's stream or graph pool
   uint64_t requested = 0;
   bool free = true;
   std::set<StreamUse> stream_uses;  // recordStream, while allocated
@@ -93,6 +96,8 @@ class Pools {
   DeviceStats Stats(int device);
   void ResetAccumulated(int device);
   void ResetPeak(int device);
+  void HoldGraphPool(uint64_t key);
+  void ReleaseGraphPool(uint64_t key);
 
  private:
   DevicePool& Pool(int device);
@@ -115,6 +120,8 @@ class Pools {
   uint64_t generation_ = 0;  // of the session the pools below belong to
   std::unordered_map<int, DevicePool> pools_;
   std::unordered_map<uint64_t, int> block_device_;  // live block addr → device
+  // Graph pools some graph still uses (key → graphs): their segments stay.
+  std::unordered_map<uint64_t, int> held_pools_;
 };
 
 Pools& GlobalPools() {
@@ -169,8 +176,10 @@ c10::DataPtr Pools::Allocate(int device, size_t nbytes) {
   if (nbytes == 0) return c10::DataPtr(nullptr, nullptr, &DeleteBlock, c10_device);
   uint64_t size = RoundUp(nbytes, kMinBlock);
   // The block serves work on the current stream: reused only by later
-  // allocations on that stream, whose work the daemon runs after this one's.
-  const uint64_t stream = CurrentStream(device);
+  // allocations on that stream, whose work the daemon runs after this one's;
+  // or, while that stream captures a graph, by the graph pool's.
+  uint64_t stream = CurrentStream(device);
+  if (const uint64_t pool_key = CapturePoolKey(device, stream)) stream = pool_key;
   // The session first (it may open a new one), outside mu_: opening one may
   // call into Python, whose tensor frees take mu_.
   flagos::client::Connection& session = Session();
@@ -242,7 +251,8 @@ void Pools::Free(const BlockTag& tag) {
   auto it = pool.blocks.find(addr);
   TORCH_INTERNAL_ASSERT(it != pool.blocks.end() && !it->second.free);
   Block& block = it->second;
-  if (!block.stream_uses.empty()) {
+  // A graph pool's block is ordered by its graphs' replays, not a stream.
+  if (!block.stream_uses.empty() && (block.stream & kGraphPoolBit) == 0) {
     AwaitStreamUses(device, block.stream, block.stream_uses);
     block.stream_uses.clear();
   }
@@ -318,7 +328,8 @@ void Pools::RecordStream(const BlockTag& tag, c10::Stream stream) {
 void Pools::ReleaseFreeSegments(int device, DevicePool& pool) {
   for (auto it = pool.segments.begin(); it != pool.segments.end();) {
     Segment& segment = it->second;
-    if (segment.allocated_blocks != 0) {
+    // A graph's work names the segments of its pool at every replay.
+    if (segment.allocated_blocks != 0 || held_pools_.count(segment.stream) != 0) {
       ++it;
       continue;
     }
@@ -335,6 +346,17 @@ void Pools::ReleaseFreeSegments(int device, DevicePool& pool) {
     }
     it = pool.segments.erase(it);
   }
+}
+
+void Pools::HoldGraphPool(uint64_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_pools_[key]++;
+}
+
+void Pools::ReleaseGraphPool(uint64_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_pools_.find(key);
+  if (it != held_pools_.end() && --it->second == 0) held_pools_.erase(it);
 }
 
 void Pools::EmptyCache() {
@@ -450,6 +472,9 @@ std::pair<size_t, size_t> FlagosDeviceAllocator::getMemoryInfo(c10::DeviceIndex 
 }
 
 int FlagosDeviceAllocator::DeviceOf(const void* ptr) { return GlobalPools().DeviceOf(ptr); }
+
+void HoldGraphPool(uint64_t key) { GlobalPools().HoldGraphPool(key); }
+void ReleaseGraphPool(uint64_t key) { GlobalPools().ReleaseGraphPool(key); }
 
 FlagosDeviceAllocator& DeviceAllocator() {
   static FlagosDeviceAllocator allocator;

@@ -60,4 +60,14 @@ class FlagosDeviceAllocator final : public c10::DeviceAllocator {
 
 FlagosDeviceAllocator& DeviceAllocator();
 
+// Graph pools (graph_capture.h): a pool's key has kGraphPoolBit set (no
+// stream id does). While a capture runs on a stream, allocations there take
+// blocks of the graph's pool, which only later allocations of that pool
+// reuse; the pool's segments are not given back (empty_cache) while a graph
+// holds it. Hold when a graph starts using the pool, release when it is
+// reset.
+inline constexpr uint64_t kGraphPoolBit = uint64_t{1} << 63;
+void HoldGraphPool(uint64_t key);
+void ReleaseGraphPool(uint64_t key);
+
 }  // namespace torch_fl

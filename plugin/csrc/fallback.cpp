@@ -24,6 +24,7 @@
 #include "copy.h"
 #include "fallback.h"
 #include "generator.h"
+#include "graph_capture.h"
 #include "op_schema.h"
 #include "runtime.h"
 #include "shape_inference.h"
@@ -152,6 +153,16 @@ void EncodeGenerator(const c10::IValue& value, int device, flagos::v1::Value* ou
   auto [seed, offset] = generator.get<FlagosGeneratorImpl>()->NextOpState();
   out->mutable_generator()->set_seed(seed);
   out->mutable_generator()->set_offset(offset);
+  if (AnyCapture()) {
+    // Captured into a graph: each replay draws from the generator's state
+    // then (graph_capture.h).
+    const bool is_default = generator.unsafeGetGeneratorImpl() ==
+                            DefaultGenerator(device).unsafeGetGeneratorImpl();
+    if (std::optional<uint64_t> relative = CaptureRelativeOffset(device, is_default, offset)) {
+      out->mutable_generator()->set_offset(*relative);
+      out->mutable_generator()->set_replay_relative(true);
+    }
+  }
 }
 
 // The session's id for the op, minted (and registered with the daemon) on

@@ -153,13 +153,16 @@ struct FlagosGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     const uint64_t stream_id = StreamId(stream);
     Session();  // a new session, if the last was lost, before ids are compared
     // An event of a lost session is recorded anew under a fresh id.
-    if (*event == nullptr || LostEvent(*event)) *event = reinterpret_cast<void*>(NewEventId());
+    void* id = *event;
+    if (id == nullptr || LostEvent(id)) id = reinterpret_cast<void*>(NewEventId());
     flagos::v1::Command command;
     command.set_device(stream.device_index());
     auto* record = command.mutable_record_event();
-    record->set_event(EventId(*event));
+    record->set_event(EventId(id));
     record->set_enable_timing(flag == c10::EventFlag::BACKEND_DEFAULT);
     Enqueue(std::move(command), "record event", stream_id);
+    // Only once sent (a capture may refuse it): the event then exists.
+    *event = id;
   }
 
   // An event of a lost session marks work that is gone: there is nothing

@@ -18,6 +18,7 @@
 #include "composite_forwarding.h"
 #include "device_allocator.h"
 #include "generator.h"
+#include "graph_capture.h"
 #include "pinned_allocator.h"
 #include "flagos/client/connection.h"
 #include "runtime.h"
@@ -28,6 +29,8 @@ namespace py = pybind11;
 namespace torch_fl {
 
 void RegisterHooks();  // hooks.cpp
+void RegisterGraphImpl();  // graph.cpp
+c10::MempoolId_t NewGraphPoolHandle();  // graph.cpp
 
 namespace {
 
@@ -154,10 +157,40 @@ void TestBadCommand(const std::string& kind) {
     copy->mutable_pinned()->set_nbytes(64);
     Call(std::move(command), "test command (" + kind + ")");
     return;
+  } else if (kind == "graph_address_outside_segments" || kind == "graph_host_copy" ||
+             kind == "graph_id_zero" || kind == "graph_other_device") {
+    // A graph defined by hand: an op naming memory the session was not
+    // given, a copy to the host (no graph holds one), id 0, a command of
+    // another device.
+    auto* part = command.mutable_define_graph();
+    part->set_graph(kind == "graph_id_zero" ? 0 : 0x7ffffff2);
+    part->set_last(true);
+    flagos::v1::Command* captured = part->add_commands();
+    captured->set_device(kind == "graph_other_device" ? 1 : 0);
+    if (kind == "graph_host_copy") {
+      captured->mutable_copy_from_device()->set_addr(0x1000);
+      captured->mutable_copy_from_device()->set_nbytes(64);
+    } else {
+      auto* op = captured->mutable_op();
+      op->set_op_id(OpId("aten::abs_", ""));
+      auto* ref = op->add_args()->mutable_tensor();
+      ref->set_addr(0x1000);
+      ref->add_sizes(4);
+      ref->add_strides(1);
+      ref->set_dtype(static_cast<int32_t>(c10::ScalarType::Float));
+    }
+  } else if (kind == "replay_unknown_graph") {
+    // Asynchronous: its error comes at the next synchronisation.
+    command.mutable_replay_graph()->set_graph(0x7ffffff3);
+    Enqueue(std::move(command), "test command (" + kind + ")");
+    Synchronize(0);
+    return;
   } else {
     TORCH_CHECK(false, "unknown bad-command kind '", kind,
                 "' (address_outside_segments, unknown_op_id, malformed_tensor_ref, "
-                "altered_schema, pinned_region_unknown, pinned_range_outside_region)");
+                "altered_schema, pinned_region_unknown, pinned_range_outside_region, "
+                "graph_address_outside_segments, graph_host_copy, graph_id_zero, "
+                "graph_other_device, replay_unknown_graph)");
   }
   Call(std::move(command), "test command (" + kind + ")");
 }
@@ -276,6 +309,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generator", [](int device) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(DefaultGenerator(device)));
   });
+  // Graphs (graph.cpp): registered under the device's name once renamed.
+  m.def("_register_graph_impl", &RegisterGraphImpl);
+  m.def("_graph_pool_handle", []() {
+    const c10::MempoolId_t id = NewGraphPoolHandle();
+    return py::make_tuple(id.first, id.second);
+  });
+  m.def("_is_current_stream_capturing", &CurrentStreamCapturing, py::arg("device"));
   m.def("_forwarded_op_count", &ForwardCompositeOps);
   m.def("_test_bad_command", &TestBadCommand, py::call_guard<py::gil_scoped_release>());
   m.def("_test_read_device", &TestReadDevice);

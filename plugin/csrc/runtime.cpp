@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "autograd_device_queues.h"
+#include "graph_capture.h"
 #include "pinned_allocator.h"
 
 namespace torch_fl {
@@ -423,6 +424,8 @@ uint64_t Enqueue(flagos::v1::Command command, std::string describe,
                  std::optional<uint64_t> stream, uint64_t encoded_in) {
   const int device = command.device();
   SetStream(command, stream);
+  // Work on a capturing stream is held back for the graph (graph_capture.h).
+  if (AnyCapture() && TakeIntoCapture(command, describe)) return 0;
   flagos::client::Connection& session = Session();
   // After Session(): a loss reported meanwhile has moved the generation on.
   if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
@@ -436,11 +439,20 @@ uint64_t Enqueue(flagos::v1::Command command, std::string describe,
 flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,
                             std::optional<uint64_t> stream, uint64_t encoded_in) {
   SetStream(command, stream);
+  if (AnyCapture() && !command.has_define_graph()) {
+    RefuseWhileCapturing(command.device(), command.stream(), describe);
+  }
   flagos::client::Connection& session = Session();
   if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
   return ValueOrThrow(session.Call(std::move(command), std::move(describe)));
 }
 
-void Synchronize(int device) { ThrowIfError(Session().Synchronize(device)); }
+void Synchronize(int device) {
+  if (AnyCapture()) {
+    RefuseWhileCapturing(device < 0 ? CurrentDevice() : device, std::nullopt,
+                         "synchronizing the device");
+  }
+  ThrowIfError(Session().Synchronize(device));
+}
 
 }  // namespace torch_fl

@@ -27,6 +27,9 @@ torch._register_device_module("flagos", _device_module)
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
 )
+# torch.accelerator.Graph finds the graph implementation by the device's
+# name, which the rename above just gave it.
+_C._register_graph_impl()
 
 _C._set_endpoint_resolver(_endpoint.resolve)
 

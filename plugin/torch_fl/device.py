@@ -355,6 +355,19 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
         set_rng_state(state, i)
 
 
+# ------------------------------------------------------------- graphs
+# torch.cuda's graph names (torch_fl/graphs.py); torch.accelerator.Graph
+# works as it is.
+
+from .graphs import (  # noqa: E402
+    Graph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
+
+
 # ------------------------------------------------------------- inductor
 # torch.compile's inductor asks the device module for its code generators;
 # flagos has none, and the answer makes inductor raise a clear error

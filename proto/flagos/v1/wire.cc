@@ -35,6 +35,7 @@ bool OwesReply(const Command& command) {
     case Command::kExportMemory:
     case Command::kImportMemory:
     case Command::kQueryExport:
+    case Command::kDefineGraph:
       return true;
     case Command::kOp:
       return command.op().want_values();

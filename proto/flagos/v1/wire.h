@@ -17,8 +17,9 @@
 
 namespace flagos::v1 {
 
-// allocate, copy_from_device, sync, query_event, synchronize_event,
-// elapsed_time, query_stream, and op with want_values.
+// allocate, copy_from_device (not into a pinned region), sync, query_event,
+// synchronize_event, elapsed_time, query_stream, export_memory,
+// import_memory, query_export, define_graph, and op with want_values.
 bool OwesReply(const Command& command);
 
 // `message` as one frame: the bytes to send.
