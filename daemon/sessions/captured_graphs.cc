@@ -89,12 +89,14 @@ absl::Status CapturedGraphs::Define(int device, v1::DefineGraph& part, CommandCh
   }
   CapturedGraph& graph = *it->second.graph;
   const size_t incoming = static_cast<size_t>(part.commands_size());
-  if (commands_ + incoming > kMaxGraphCommandsPerSession) {
+  const size_t incoming_bytes = part.ByteSizeLong();
+  if (commands_ + incoming > kMaxGraphCommandsPerSession ||
+      bytes_ + incoming_bytes > kMaxGraphBytesPerSession) {
     DropLocked(id);
     return absl::ResourceExhaustedError(absl::StrCat(
         "define_graph: graph ", id, " would take the session's graphs past ",
-        kMaxGraphCommandsPerSession, " commands; capture less per graph, or reset graphs no "
-        "longer replayed"));
+        kMaxGraphCommandsPerSession, " commands or ", kMaxGraphBytesPerSession,
+        " bytes; capture less per graph, or reset graphs no longer replayed"));
   }
   graph.commands.reserve(graph.commands.size() + incoming);
   for (v1::Command& command : *part.mutable_commands()) {
@@ -111,6 +113,8 @@ absl::Status CapturedGraphs::Define(int device, v1::DefineGraph& part, CommandCh
     graph.commands.push_back(std::move(command));
     ++commands_;
   }
+  graph.bytes += incoming_bytes;
+  bytes_ += incoming_bytes;
   if (part.last()) it->second.complete = true;
   return absl::OkStatus();
 }
@@ -140,11 +144,13 @@ void CapturedGraphs::Clear() {
   absl::MutexLock lock(&mu_);
   graphs_.clear();
   commands_ = 0;
+  bytes_ = 0;
 }
 
 void CapturedGraphs::DropLocked(uint64_t id) {
   auto it = graphs_.find(id);
   commands_ -= it->second.graph->commands.size();
+  bytes_ -= it->second.graph->bytes;
   graphs_.erase(it);
 }
 

@@ -31,10 +31,13 @@ namespace flagos::daemon {
 // Bounds of one session's graphs (docs/protocol.md, "Limits").
 inline constexpr size_t kMaxGraphsPerSession = 4096;
 inline constexpr size_t kMaxGraphCommandsPerSession = 1u << 20;
+// Their commands' bytes (as encoded on the wire).
+inline constexpr size_t kMaxGraphBytesPerSession = 1u << 30;
 
 struct CapturedGraph {
   int device = 0;
   std::vector<v1::Command> commands;
+  size_t bytes = 0;  // the commands' encoded size
   // Indices into `commands`, ascending, of the ops with a replay_relative
   // generator (an argument or implicit_generator).
   std::vector<uint32_t> random_ops;
@@ -55,7 +58,8 @@ class CapturedGraphs {
   // `device`, creating it: INVALID_ARGUMENT naming the command for one a
   // graph cannot hold, or what `check` says; FAILED_PRECONDITION for a
   // graph already complete or on another device; RESOURCE_EXHAUSTED past
-  // the bounds above. On any error the graph is dropped.
+  // the bounds above (graphs, commands, bytes). On any error the graph is
+  // dropped.
   absl::Status Define(int device, v1::DefineGraph& part, CommandCheck check);
   // A complete graph; NOT_FOUND (naming what to do) otherwise.
   absl::StatusOr<std::shared_ptr<const CapturedGraph>> Get(uint64_t id) const;
@@ -74,6 +78,7 @@ class CapturedGraphs {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Entry> graphs_ ABSL_GUARDED_BY(mu_);
   size_t commands_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace flagos::daemon
