@@ -27,8 +27,7 @@ void Session::DefineGraph(v1::Command& command) {
           ForEachDeviceAddress(const_cast<v1::Command&>(captured), [&](int device, uint64_t& addr) {
             // 0: an undefined tensor or one of no elements (no memory). The
             // full ranges are checked when the ops decode them at replay.
-            if (!s.ok() || addr == 0) return;
-            if (segments_.Contains(device, addr, 1) || imported_.Contains(device, addr, 1)) return;
+            if (!s.ok() || addr == 0 || CheckRange(captured, device, addr, 1).ok()) return;
             s = absl::InvalidArgumentError(absl::StrCat(
                 "the graph's command ", index, " (", CommandKindName(captured), ") names address 0x",
                 absl::Hex(addr), " on flagos:", device,

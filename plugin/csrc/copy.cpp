@@ -67,10 +67,8 @@ at::Tensor ApplyBits(const at::Tensor& t, at::Tensor logical) {
 
 void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return;
-  if (AnyCapture()) {
-    const int device = dst.device().index();
-    RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from host memory to flagos");
-  }
+  RefuseWhileCapturing(dst.device().index(), CurrentStreamOf(dst.device().index()),
+                       "a copy from host memory to flagos");
   if (non_blocking && IsDenseBlock(dst) && SameBytes(src, dst)) {
     if (std::optional<PinnedLocation> pinned = SharedPinned(src)) {
       // The daemon reads the pinned region when the copy runs on the
@@ -106,10 +104,8 @@ void CopyHostToDevice(const at::Tensor& src, const at::Tensor& dst, bool non_blo
 
 void CopyDeviceToHost(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   if (src.numel() == 0) return;
-  if (AnyCapture()) {
-    const int device = src.device().index();
-    RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from flagos to host memory");
-  }
+  RefuseWhileCapturing(src.device().index(), CurrentStreamOf(src.device().index()),
+                       "a copy from flagos to host memory");
   if (non_blocking && IsDenseBlock(src) && SameBytes(dst, src)) {
     if (std::optional<PinnedLocation> pinned = SharedPinned(dst)) {
       // Returns at once: the daemon writes the pinned region when the copy
@@ -182,9 +178,6 @@ void CopyBetweenDevices(const at::Tensor& src, const at::Tensor& dst) {
 }  // namespace
 
 void UploadBytes(int device, uint64_t addr, const void* data, uint64_t nbytes) {
-  if (AnyCapture()) {
-    RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from host memory to flagos");
-  }
   ThrowIfError(Session().Upload(device, CurrentStreamOf(device), addr, data, nbytes,
                                 "copy host → flagos:" + std::to_string(device)));
   // Debugging: the copy completes before the call returns.
@@ -192,9 +185,8 @@ void UploadBytes(int device, uint64_t addr, const void* data, uint64_t nbytes) {
 }
 
 void DownloadBytes(int device, uint64_t addr, void* out, uint64_t nbytes) {
-  if (AnyCapture()) {
-    RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from flagos to host memory");
-  }
+  // CopyDeviceToHost has refused already; .item() (minimal_ops.cpp) comes here.
+  RefuseWhileCapturing(device, CurrentStreamOf(device), "a copy from flagos to host memory");
   ThrowIfError(Session().Download(device, CurrentStreamOf(device), out, addr, nbytes,
                                   "copy flagos:" + std::to_string(device) + " → host"));
 }

@@ -104,7 +104,7 @@ bool TakeIntoCapture(flagos::v1::Command& command, const std::string& describe) 
   return true;
 }
 
-void RefuseWhileCapturing(int device, std::optional<uint64_t> stream, const std::string& what) {
+void RefuseWhileCapturing(int device, std::optional<uint64_t> stream, std::string_view what) {
   if (!AnyCapture()) return;
   std::lock_guard<std::mutex> lock(Running().mu);
   for (const auto& c : Running().running) {

@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -72,7 +73,7 @@ bool TakeIntoCapture(flagos::v1::Command& command, const std::string& describe);
 // Throws when `what`, which waits for `device`'s stream `stream` (every
 // stream of the device when nullopt) or needs the host, may not run while
 // the captures in progress run (see the modes above).
-void RefuseWhileCapturing(int device, std::optional<uint64_t> stream, const std::string& what);
+void RefuseWhileCapturing(int device, std::optional<uint64_t> stream, std::string_view what);
 
 // The allocator's pool key for an allocation on (device, stream) now: the
 // capture's graph pool (nonzero) when one is capturing there, else 0.

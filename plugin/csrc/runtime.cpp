@@ -425,7 +425,7 @@ uint64_t Enqueue(flagos::v1::Command command, std::string describe,
   const int device = command.device();
   SetStream(command, stream);
   // Work on a capturing stream is held back for the graph (graph_capture.h).
-  if (AnyCapture() && TakeIntoCapture(command, describe)) return 0;
+  if (TakeIntoCapture(command, describe)) return 0;
   flagos::client::Connection& session = Session();
   // After Session(): a loss reported meanwhile has moved the generation on.
   if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
@@ -439,7 +439,7 @@ uint64_t Enqueue(flagos::v1::Command command, std::string describe,
 flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,
                             std::optional<uint64_t> stream, uint64_t encoded_in) {
   SetStream(command, stream);
-  if (AnyCapture() && !command.has_define_graph()) {
+  if (!command.has_define_graph()) {
     RefuseWhileCapturing(command.device(), command.stream(), describe);
   }
   flagos::client::Connection& session = Session();
@@ -448,10 +448,8 @@ flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,
 }
 
 void Synchronize(int device) {
-  if (AnyCapture()) {
-    RefuseWhileCapturing(device < 0 ? CurrentDevice() : device, std::nullopt,
-                         "synchronizing the device");
-  }
+  RefuseWhileCapturing(device < 0 ? CurrentDevice() : device, std::nullopt,
+                       "synchronizing the device");
   ThrowIfError(Session().Synchronize(device));
 }
 
