@@ -62,7 +62,7 @@ void AfterQueuedWork(DeviceRuntime& runtime, const std::vector<SessionStream*>& 
   arrive(absl::OkStatus());
 }
 
-void SourceReady::MarkReady() {
+void ReadyGate::MarkReady() {
   std::optional<StreamQueue::Resume> resume;
   {
     absl::MutexLock lock(&mu_);
@@ -72,7 +72,7 @@ void SourceReady::MarkReady() {
   if (resume.has_value()) (*resume)();
 }
 
-void SourceReady::Park(StreamQueue::Resume resume) {
+void ReadyGate::Park(StreamQueue::Resume resume) {
   {
     absl::MutexLock lock(&mu_);
     if (!ready_) {

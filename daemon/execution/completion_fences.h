@@ -8,8 +8,10 @@
 //     executed, the device has completed it and the host functions it
 //     issued have returned (each stream drained: DrainStream), so the
 //     replies those commands owe are posted before the action runs;
-//   - SourceReady: the gate a copy from another device parks its queue on
-//     until such a fence on the source device fires.
+//   - ReadyGate: the gate a queue parks on until such a fence fires (a copy
+//     from another device until the source device is done; a stream that
+//     has issued a full launch window until the window before it completed:
+//     execution/launch_window.h).
 // None of them holds a worker while the device works, and none waits for
 // another queue's work on a worker.
 #ifndef FLAGOS_DAEMON_EXECUTION_COMPLETION_FENCES_H_
@@ -49,15 +51,16 @@ void WhenStreamCompletes(DeviceRuntime& runtime, int device, StreamHandle stream
 void AfterQueuedWork(DeviceRuntime& runtime, const std::vector<SessionStream*>& streams,
                      std::function<void(absl::Status)> action);
 
-// What a copy from another device waits for: every earlier command on the
-// source device executed (MarkReady), and the Resume of the copy's parked
-// queue when it parked first (Park). Shared by the fence and the gate.
-class SourceReady {
+// What a parked queue waits for: a fence fired (MarkReady; for a copy from
+// another device, every earlier command on the source device executed), and
+// the Resume of the queue when it parked first (Park). Shared by the fence
+// and the gate.
+class ReadyGate {
  public:
-  // The source device is done: resumes the parked queue, if it parked.
+  // The fence fired: resumes the parked queue, if it parked.
   void MarkReady();
-  // The copy's queue reached the gate: resumes at once when the source is
-  // done, else keeps `resume` for MarkReady.
+  // The queue reached the gate: resumes at once when the fence fired, else
+  // keeps `resume` for MarkReady.
   void Park(StreamQueue::Resume resume);
 
  private:

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "execution/device_activity.h"
+#include "execution/launch_window.h"
 #include "execution/stream_queue.h"
 #include "execution/worker_pool.h"
 #include "flagos/runtime.h"
@@ -35,6 +36,9 @@ struct SessionStream {
   int device = 0;
   StreamHandle backend_stream = 0;  // 0: the device's default stream
   std::unique_ptr<StreamQueue> queue;
+  // How far the queue's commands may run ahead of the device (counted by
+  // the thread that pushes to the queue).
+  LaunchWindow window;
 };
 
 class StreamTable {

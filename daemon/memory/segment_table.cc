@@ -55,6 +55,7 @@ absl::StatusOr<Segment> SegmentTable::Remove(int device, DevicePtr addr) {
       device_bytes_[device] -= segment.nbytes;
       total_bytes_ -= segment.nbytes;
       --count_;
+      removals_.fetch_add(1, std::memory_order_acq_rel);
       return segment;
     }
   }
@@ -94,6 +95,7 @@ std::vector<Segment> SegmentTable::TakeAll() {
   device_bytes_.clear();
   total_bytes_ = 0;
   count_ = 0;
+  removals_.fetch_add(1, std::memory_order_acq_rel);
   return segments;
 }
 

@@ -8,6 +8,7 @@
 #ifndef FLAGOS_DAEMON_MEMORY_SEGMENT_TABLE_H_
 #define FLAGOS_DAEMON_MEMORY_SEGMENT_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -54,6 +55,11 @@ class SegmentTable {
   // Removes and returns every segment (for the end of the session).
   std::vector<Segment> TakeAll();
 
+  // How many segments were removed (Remove, TakeAll) so far: while it has
+  // not changed, a range found contained before still is (a captured
+  // graph's replays check their ranges again only when it changed).
+  uint64_t removals() const { return removals_.load(std::memory_order_acquire); }
+
   uint64_t total_bytes() const;
   uint64_t device_bytes(int device) const;
   uint64_t size() const;
@@ -70,6 +76,7 @@ class SegmentTable {
   absl::flat_hash_map<int, uint64_t> device_bytes_ ABSL_GUARDED_BY(mu_);
   uint64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> removals_{0};
 };
 
 }  // namespace flagos::daemon

@@ -5,7 +5,9 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -35,6 +37,18 @@ void DeviceMetrics::CountOp(OpRoute route, double seconds, bool ok) {
   ops_[route == OpRoute::kNative ? 0 : 1]->Increment();
   op_duration_->Observe(seconds);
   if (!ok) op_errors_->Increment();
+}
+
+void DeviceMetrics::CountPreparedOps(uint64_t ops, double seconds) {
+  if (ops == 0) return;
+  ops_[0]->Increment(static_cast<double>(ops));
+  const prometheus::Histogram::BucketBoundaries& bounds = OpDurationBuckets();
+  const double mean = seconds / static_cast<double>(ops);
+  std::vector<double> increments(bounds.size() + 1, 0.0);
+  // Observe's bucket: the first bound the value does not exceed.
+  increments[std::lower_bound(bounds.begin(), bounds.end(), mean) - bounds.begin()] =
+      static_cast<double>(ops);
+  op_duration_->ObserveMultiple(increments, seconds);
 }
 
 void DeviceMetrics::CountCopy(CopyDirection direction, uint64_t bytes) {

@@ -39,6 +39,11 @@ class DeviceMetrics {
   // An op call on `route` that took `seconds` in the daemon (on an
   // asynchronous device: to issue) and failed unless `ok`.
   void CountOp(OpRoute route, double seconds, bool ok);
+  // `ops` native op calls of a graph replay, run as prepared
+  // (ops/prepared_op_call.h), that took `seconds` together: counted as
+  // `ops` calls of their mean duration, not timed one by one (two clock
+  // reads per op would cost more than such a call's own bookkeeping).
+  void CountPreparedOps(uint64_t ops, double seconds);
   void CountCopy(CopyDirection direction, uint64_t bytes);
   // Bytes the cpu_fallback route copied for one op call, each way.
   void CountCpuFallbackBytes(uint64_t to_host, uint64_t to_device);

@@ -44,6 +44,7 @@
 #include "ops/op_routes.h"
 #include "ops/op_schema_match.h"
 #include "ops/op_servability.h"
+#include "ops/prepared_op_call.h"
 #include "ops/stack_lease.h"
 #include "protocol/command_validation.h"
 
@@ -197,12 +198,13 @@ class OpRunnerImpl final : public OpRunner {
   }
 
   absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call, RangeCheck check,
-                   v1::Completion* completion, OpRunStats* stats) override {
+                   v1::Completion* completion, OpRunStats* stats,
+                   std::shared_ptr<const PreparedOpCall>* prepare) override {
     OpRunStats ignored;
     if (stats == nullptr) stats = &ignored;
     try {
       absl::Status s = RunUnguarded(device, stream, call, check, completion, stats,
-                                    /*force_fallback=*/false);
+                                    /*force_fallback=*/false, prepare);
       if (IsDeclined(s)) {
         // Nothing was issued: the same call on the cpu_fallback route.
         if (const RegisteredOp* op = Find(call.op_id());
@@ -213,7 +215,8 @@ class OpRunnerImpl final : public OpRunner {
         }
         completion->clear_values();
         stats->declined = true;
-        s = RunUnguarded(device, stream, call, check, completion, stats, /*force_fallback=*/true);
+        s = RunUnguarded(device, stream, call, check, completion, stats, /*force_fallback=*/true,
+                         /*prepare=*/nullptr);
       }
       return s;
     } catch (const c10::Error& e) {
@@ -221,6 +224,39 @@ class OpRunnerImpl final : public OpRunner {
                                                      e.what_without_backtrace()));
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("op id ", call.op_id(), ": ", e.what()));
+    }
+  }
+
+  absl::StatusOr<bool> RunPrepared(const PreparedOpCall& call, StreamHandle stream) override {
+    if (!call.Intact()) return false;
+    try {
+      StackLease lease;
+      torch::jit::Stack& stack = lease.get();
+      stack.assign(call.stack().begin(), call.stack().end());
+      // Its tensors were wrapped, and their ranges checked, when it was
+      // prepared: nothing is wrapped now.
+      const auto no_range = [](int, uint64_t, uint64_t) {
+        return absl::InternalError("a prepared call wraps no memory");
+      };
+      OpCallContext context(backend_, call.device(), stream, call.op_name(), no_range,
+                            /*mirror=*/nullptr, limits_.max_host_memory_bytes);
+      absl::Status s = call.kind() == PreparedOpCall::Kind::kCallInto
+                           ? context.CallKernelInto(call.op(), &stack, call.outputs())
+                           : context.CallKernel(call.op(), &stack);
+      if (IsDeclined(s)) return false;  // nothing issued: Run takes cpu_fallback
+      if (!s.ok()) return s;
+      if (call.outputs_must_stay() && !call.Intact()) {
+        return absl::InternalError(absl::StrCat(
+            call.op_name(), ": its out= kernel moved an output it left in place when the call was "
+            "prepared; the results are not where the client reads them: report this with the op "
+            "and its arguments"));
+      }
+      return true;
+    } catch (const c10::Error& e) {
+      return absl::InvalidArgumentError(absl::StrCat(call.op_name(), ": ",
+                                                     e.what_without_backtrace()));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(call.op_name(), ": ", e.what()));
     }
   }
 
@@ -244,7 +280,7 @@ class OpRunnerImpl final : public OpRunner {
 
   absl::Status RunUnguarded(int device, StreamHandle stream, const v1::OpCall& call,
                             RangeCheck check, v1::Completion* completion, OpRunStats* stats,
-                            bool force_fallback) {
+                            bool force_fallback, std::shared_ptr<const PreparedOpCall>* prepare) {
     const RegisteredOp* registered = Find(call.op_id());
     if (registered == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("op id ", call.op_id(),
@@ -291,6 +327,11 @@ class OpRunnerImpl final : public OpRunner {
     };
     OpCallContext context(backend_, device, stream, op_name, check,
                         mirror.has_value() ? &*mirror : nullptr, limits_.max_host_memory_bytes);
+    // A call that, once decoded, is nothing but its kernel call can be run
+    // again as it is (prepared_op_call.h): its decoded stack is kept.
+    const bool preparing = prepare != nullptr && !mirror.has_value() && !call.want_values() &&
+                           !call.hold_results() && !call.has_implicit_generator();
+    std::optional<torch::jit::Stack> kept;
     if (call.want_values() && call.hold_results()) context.set_held_results(&held_);
     if (mirror.has_value()) {
       for (int i = 0; i < call.args_size() && i < static_cast<int>(arguments.size()); ++i) {
@@ -344,8 +385,16 @@ class OpRunnerImpl final : public OpRunner {
       context.set_writing(false);
       if (s.ok()) {
         if (mirror.has_value()) mirror->Snapshot();
+        if (preparing) kept = stack;
         s = CallOp(context, *registered->out_variant, call, &stack);
-        if (s.ok() && OutputsIntact(call, made)) return WriteBack(op_name, mirror);
+        if (s.ok() && OutputsIntact(call, made)) {
+          if (kept.has_value()) {
+            Prepare(prepare, kept, PreparedOpCall::Kind::kCall, *registered->out_variant,
+                    *registered, device, {}, /*outputs_must_stay=*/true);
+          }
+          return WriteBack(op_name, mirror);
+        }
+        kept.reset();
       }
       // Kernels over device memory: a refusal reruns on cpu_fallback, an
       // error is the call's (the functional op cannot do better there).
@@ -377,7 +426,13 @@ class OpRunnerImpl final : public OpRunner {
         outputs.push_back(*std::move(out));
       }
       context.set_writing(false);
-      return context.CallKernelInto(op, &stack, outputs);
+      if (preparing) kept = stack;
+      absl::Status s = context.CallKernelInto(op, &stack, outputs);
+      if (s.ok() && kept.has_value()) {
+        Prepare(prepare, kept, PreparedOpCall::Kind::kCallInto, op, *registered, device,
+                std::move(outputs), /*outputs_must_stay=*/false);
+      }
+      return s;
     }
     // out= arguments: kernels may resize them internally (mse_loss.out uses
     // its out tensor as scratch space), which memory over a segment cannot
@@ -392,6 +447,9 @@ class OpRunnerImpl final : public OpRunner {
     // On an error before WriteBack the mirror's buffers are released at
     // once: the only device work on them, Fetch's copies, has completed.
     if (mirror.has_value()) mirror->Snapshot();
+    // Prepared only when nothing follows the kernel call (no out= scratch
+    // to copy, no result to copy or send).
+    if (preparing && outs.empty() && call.outputs_size() == 0) kept = stack;
     if (absl::Status s = CallOp(context, op, call, &stack); !s.ok()) return s;
     // On the synchronous path (want_values, no outputs) an out= argument the
     // kernel resized (a data-dependent size) cannot land in the client's
@@ -428,7 +486,27 @@ class OpRunnerImpl final : public OpRunner {
       }
     }
     if (into_outputs) registered->out_variant_works.store(false, std::memory_order_relaxed);
+    if (kept.has_value()) {
+      Prepare(prepare, kept, PreparedOpCall::Kind::kCall, op, *registered, device, {},
+              /*outputs_must_stay=*/false);
+    }
     return WriteBack(op_name, mirror);
+  }
+
+  // Sets *prepare to the call `kept` (engaged) holds the stack of, unless
+  // the stack holds a generator (decoded afresh from its (seed, offset) on
+  // every call: run again, the one kept would draw further).
+  static void Prepare(std::shared_ptr<const PreparedOpCall>* prepare,
+                      std::optional<torch::jit::Stack>& kept, PreparedOpCall::Kind kind,
+                      const c10::OperatorHandle& op, const RegisteredOp& registered, int device,
+                      std::vector<at::Tensor> outputs, bool outputs_must_stay) {
+    if (std::any_of(kept->begin(), kept->end(),
+                    [](const c10::IValue& v) { return v.isGenerator(); })) {
+      return;
+    }
+    *prepare = std::make_shared<const PreparedOpCall>(kind, op, registered.name, device,
+                                                      *std::move(kept), std::move(outputs),
+                                                      outputs_must_stay);
   }
 
   // RESOURCE_EXHAUSTED for a call naming more elements than

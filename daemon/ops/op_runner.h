@@ -68,6 +68,8 @@
 
 namespace flagos::daemon {
 
+class PreparedOpCall;  // ops/prepared_op_call.h
+
 // What one Run did, for the metrics: the route the call took (a call the
 // native kernels declined, flagos/op_executor.h's DeclinedError, ran again
 // on cpu_fallback: route kCpuFallback, declined true) and the bytes the
@@ -121,9 +123,22 @@ class OpRunner {
   // value (want_values) takes cpu_fallback, and a call the kernels decline
   // (nothing issued) runs again on cpu_fallback; `stats` (may be null)
   // says what happened.
+  //
+  // `prepare` (may be null): when the call, once decoded, is nothing but a
+  // kernel call (ops/prepared_op_call.h says which), *prepare gets it as a
+  // PreparedOpCall after it ran without error, for RunPrepared.
   virtual absl::Status Run(int device, StreamHandle stream, const v1::OpCall& call,
                            RangeCheck check, v1::Completion* completion,
-                           OpRunStats* stats = nullptr) = 0;
+                           OpRunStats* stats = nullptr,
+                           std::shared_ptr<const PreparedOpCall>* prepare = nullptr) = 0;
+
+  // Runs `call` again, on `stream` of its device, as Run ran it: no
+  // decoding, no argument rules, no range check (the caller knows the
+  // memory it names is still the session's). False, with nothing issued,
+  // when it cannot run prepared (a kernel changed one of its tensors since,
+  // or the native kernels decline it now): the caller runs the command
+  // with Run instead. Errors name the op.
+  virtual absl::StatusOr<bool> RunPrepared(const PreparedOpCall& call, StreamHandle stream) = 0;
 
   // The route of registered op `op_id` (kNative for an unknown id).
   virtual OpRoute RouteOf(uint32_t op_id) = 0;

@@ -25,6 +25,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/base/attributes.h"
+
 namespace flagos::daemon {
 
 class WrappedTensorCache {
@@ -100,8 +102,18 @@ class WrappedTensorCache {
            reinterpret_cast<uint64_t>(storage.data_ptr().get()) == entry.addr &&
            impl->storage_offset() == 0 && t.key_set() == entry.key_set &&
            t.scalar_type() == entry.dtype && !t.requires_grad() &&
-           t.sizes().equals(c10::IntArrayRef(entry.sizes, entry.rank)) &&
-           t.strides().equals(c10::IntArrayRef(entry.strides, entry.rank));
+           Same(t.sizes(), entry.sizes, entry.rank) && Same(t.strides(), entry.strides, entry.rank);
+  }
+  // IntArrayRef::equals, written out as a loop: whether the compiler
+  // inlines that (and std::equal's memcmp) varies with what else the
+  // translation unit holds, and a call per comparison is a measurable part
+  // of a tiny op.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE static bool Same(c10::IntArrayRef a, const int64_t* b, size_t n) {
+    if (a.size() != n) return false;
+    for (size_t i = 0; i < n; ++i) {
+      if (a[i] != b[i]) return false;
+    }
+    return true;
   }
 };
 

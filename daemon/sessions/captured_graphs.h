@@ -13,9 +13,11 @@
 #ifndef FLAGOS_DAEMON_SESSIONS_CAPTURED_GRAPHS_H_
 #define FLAGOS_DAEMON_SESSIONS_CAPTURED_GRAPHS_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +36,13 @@ inline constexpr size_t kMaxGraphCommandsPerSession = 1u << 20;
 // Their commands' bytes (as encoded on the wire).
 inline constexpr size_t kMaxGraphBytesPerSession = 1u << 30;
 
+class PreparedOpCall;  // ops/prepared_op_call.h
+
+// A graph's ops as the op runner decoded them once (OpRunner::Run's
+// `prepare`), by command index; null for a command that runs as sent
+// (not an op, a random op, an op that is more than its kernel call).
+using PreparedCalls = std::vector<std::shared_ptr<const PreparedOpCall>>;
+
 struct CapturedGraph {
   int device = 0;
   std::vector<v1::Command> commands;
@@ -41,6 +50,25 @@ struct CapturedGraph {
   // Indices into `commands`, ascending, of the ops with a replay_relative
   // generator (an argument or implicit_generator).
   std::vector<uint32_t> random_ops;
+
+  // Set by the first replay that ran every command without error
+  // (sessions/session_graphs.cc), then only read.
+  std::shared_ptr<const PreparedCalls> prepared() const {
+    absl::MutexLock lock(&prepared_mu_);
+    return prepared_calls_;
+  }
+  void set_prepared(std::shared_ptr<const PreparedCalls> calls) const {
+    absl::MutexLock lock(&prepared_mu_);
+    if (prepared_calls_ == nullptr) prepared_calls_ = std::move(calls);
+  }
+  // The session's count of removed segments (Session::MemoryRemovals) when
+  // a replay last checked every range the graph names: while it is
+  // unchanged the prepared calls' memory is still the session's.
+  mutable std::atomic<uint64_t> ranges_checked_at{0};
+
+ private:
+  mutable absl::Mutex prepared_mu_;
+  mutable std::shared_ptr<const PreparedCalls> prepared_calls_ ABSL_GUARDED_BY(prepared_mu_);
 };
 
 // Sets every replay_relative generator of `call` to draw from `rng`: its

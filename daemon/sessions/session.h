@@ -74,7 +74,7 @@
 //     → end_mu_
 //   and then the leaves, which nothing is locked under: the StreamTable's,
 //   EventTable's, HostRegions', PendingFrees', SyncChannel's and
-//   SourceReady's locks, and those of the daemon-wide tables a command
+//   ReadyGate's locks, and those of the daemon-wide tables a command
 //   uses (SegmentTable, MemoryGrants, MemoryQuotas, the ReplyWriter's).
 //   dispatch_mu_ is held while a command dispatches (the reading thread,
 //   or the sync channel's thread), and a command that runs inline takes
@@ -96,6 +96,7 @@
 #define FLAGOS_DAEMON_SESSIONS_SESSION_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -280,6 +281,12 @@ class Session {
   // OK when [addr, addr + nbytes) lies inside one segment of `device`.
   absl::Status CheckRange(const v1::Command& command, int device, uint64_t addr,
                           uint64_t nbytes) const;
+  // How many segments, its own and its imports, the session gave up so
+  // far: a range CheckRange accepted stays accepted while it is unchanged
+  // (it changes only under memory_mu_ held for writing).
+  uint64_t MemoryRemovals() const {
+    return segments_.removals() + imported_.removals();
+  }
   // Forgets pinned region `region` once every earlier command has completed.
   void ScheduleReleasePinned(uint64_t seq, uint64_t region);
   // Frees every segment the session holds, its own and its imports (Close).
@@ -332,9 +339,14 @@ class Session {
   // download is replied, only once the device has completed it. May move
   // parts of `command` out.
   void Execute(v1::Command& command, StreamHandle backend_stream);
+  // `prepare`: OpRunner::Run's, for an op (a graph's first replay).
   absl::Status ExecuteLocked(v1::Command& command, StreamHandle backend_stream,
-                             v1::Completion* completion, bool* reply)
+                             v1::Completion* completion, bool* reply,
+                             std::shared_ptr<const PreparedOpCall>* prepare = nullptr)
       ABSL_SHARED_LOCKS_REQUIRED(memory_mu_);
+  // Counts one op's run in the device's metrics (when metrics are on).
+  void CountOpRun(int device, OpRoute route, std::chrono::steady_clock::time_point start,
+                  bool ok, const OpRunStats& run);
   // Replies `completion` (with `data` as its bytes when not null) once the
   // work issued so far to `backend_stream` has completed.
   absl::Status ReplyWhenComplete(int device, StreamHandle backend_stream,
@@ -352,6 +364,9 @@ class Session {
   // Worker: runs graph `id`'s commands in order on `backend_stream`, random
   // ops drawing from `rng`; the first failure stops it and is replied as
   // command `seq`'s.
+  // The ops the first replay prepared run prepared by later ones (unless
+  // memory was freed since the graph's ranges were last checked: then one
+  // replay runs every command as sent, checking each range, first).
   void RunReplay(const CapturedGraph& graph, uint64_t id, uint64_t seq,
                  const v1::GeneratorValue& rng, StreamHandle backend_stream);
 

@@ -3,11 +3,14 @@
 // is one queued task on the replaying stream that runs the graph's
 // commands in order.
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "collectives/communicators.h"
 #include "protocol/command_addresses.h"
 #include "protocol/command_validation.h"
 #include "sessions/session.h"
@@ -54,6 +57,8 @@ void Session::ReplayGraph(const v1::Command& command) {
   absl::StatusOr<SessionStream*> state = streams_.Get(command.device(), command.stream());
   if (!state.ok()) return ReplyError(seq, "replay_graph", state.status());
   const StreamHandle backend_stream = (*state)->backend_stream;
+  (*state)->window.Count(backend_.runtime(), (*state)->device, backend_stream, *(*state)->queue,
+                         (*graph)->commands.size());
   (*state)->queue->Push([this, graph = *std::move(graph), seq, id = replay.graph(),
                          rng = replay.rng(), backend_stream]() {
     RunReplay(*graph, id, seq, rng, backend_stream);
@@ -70,24 +75,74 @@ void Session::RunReplay(const CapturedGraph& graph, uint64_t id, uint64_t seq,
                         const v1::GeneratorValue& rng, StreamHandle backend_stream) {
   size_t i = 0;
   const std::optional<absl::Status> status = RunQueued([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const CollectiveCaller caller(id_, pid_);  // for prepared flagos_c10d kernels
+    // memory_mu_ is held: no segment goes away during the replay.
+    const uint64_t removals = MemoryRemovals();
+    const std::shared_ptr<const PreparedCalls> prepared = graph.prepared();
+    // The prepared calls name memory whose ranges were checked when no more
+    // segments had been removed than now; else every command runs as sent,
+    // its ranges checked, and the next replay runs prepared again.
+    const bool run_prepared =
+        prepared != nullptr && graph.ranges_checked_at.load(std::memory_order_acquire) == removals;
+    PreparedCalls preparing(prepared == nullptr ? graph.commands.size() : 0);
+    // Prepared calls are timed by runs of them, for the metrics.
+    DeviceMetrics* const metrics = MetricsFor(graph.device);
+    std::optional<std::chrono::steady_clock::time_point> run_start;
+    uint64_t prepared_ops = 0;
+    double prepared_seconds = 0;
+    const auto end_run = [&] {
+      if (!run_start.has_value()) return;
+      prepared_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *run_start).count();
+      run_start.reset();
+    };
+    absl::Cleanup count = [&] {
+      end_run();
+      if (metrics != nullptr) metrics->CountPreparedOps(prepared_ops, prepared_seconds);
+    };
     size_t next_random = 0;
     v1::Command drawn;
     for (; i < graph.commands.size(); ++i) {
       // Op, memset and copy_device_to_device only read their command, so
       // replays of one graph on several streams share it.
       v1::Command* command = const_cast<v1::Command*>(&graph.commands[i]);
-      if (next_random < graph.random_ops.size() && graph.random_ops[next_random] == i) {
+      const bool random =
+          next_random < graph.random_ops.size() && graph.random_ops[next_random] == i;
+      if (random) {
         drawn = *command;
         DrawFrom(rng, drawn.mutable_op());
         command = &drawn;
         ++next_random;
+      } else if (run_prepared && (*prepared)[i] != nullptr) {
+        if (metrics != nullptr && !run_start.has_value()) {
+          run_start = std::chrono::steady_clock::now();
+        }
+        absl::StatusOr<bool> ran = ops_->RunPrepared(*(*prepared)[i], backend_stream);
+        if (ran.ok() && *ran) {
+          ++prepared_ops;
+          continue;
+        }
+        end_run();
+        if (!ran.ok()) {
+          if (metrics != nullptr) metrics->CountOp(OpRoute::kNative, 0, /*ok=*/false);
+          return ran.status();
+        }
+        // Not runnable prepared: as sent, below.
       }
+      end_run();
       v1::Completion unused;
       bool reply = false;
-      if (absl::Status s = ExecuteLocked(*command, backend_stream, &unused, &reply); !s.ok()) {
+      std::shared_ptr<const PreparedOpCall>* prepare =
+          !preparing.empty() && !random && command->has_op() ? &preparing[i] : nullptr;
+      if (absl::Status s = ExecuteLocked(*command, backend_stream, &unused, &reply, prepare);
+          !s.ok()) {
         return s;
       }
     }
+    if (!preparing.empty()) {
+      graph.set_prepared(std::make_shared<const PreparedCalls>(std::move(preparing)));
+    }
+    graph.ranges_checked_at.store(removals, std::memory_order_release);
     return absl::OkStatus();
   });
   if (!status.has_value() || status->ok()) return;

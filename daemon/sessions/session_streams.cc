@@ -51,10 +51,10 @@ void Session::Enqueue(v1::Command& command, const std::shared_ptr<const void>& k
   // A copy from another device reads what that device's queues write: its
   // queue parks (holding no worker) until every earlier command there has
   // executed; the queue that finishes last resumes it.
-  std::shared_ptr<SourceReady> source_ready;
+  std::shared_ptr<ReadyGate> source_ready;
   if (command.has_copy_device_to_device() &&
       command.copy_device_to_device().src_device() != command.device()) {
-    source_ready = std::make_shared<SourceReady>();
+    source_ready = std::make_shared<ReadyGate>();
     AfterQueuedWork(command.copy_device_to_device().src_device(),
                     [source_ready](absl::Status /*errors are the commands'*/) {
                       source_ready->MarkReady();
@@ -74,6 +74,7 @@ void Session::Enqueue(v1::Command& command, const std::shared_ptr<const void>& k
     Execute(command, backend_stream);
     return;
   }
+  (*state)->window.Count(backend_.runtime(), (*state)->device, backend_stream, *(*state)->queue, 1);
   if (source_ready != nullptr) {
     (*state)->queue->PushGate([source_ready](StreamQueue::Resume resume) {
       source_ready->Park(std::move(resume));

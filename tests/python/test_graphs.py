@@ -318,11 +318,17 @@ def test_make_graphed_callables_matches_the_module_run_eagerly_on_the_cpu() -> N
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_a_replay_naming_memory_given_back_fails_at_the_next_sync() -> None:
+@pytest.mark.parametrize("replays_before", [0, 2])
+def test_a_replay_naming_memory_given_back_fails_at_the_next_sync(replays_before: int) -> None:
+    # After a replay flagosd runs the graph's ops as it decoded them then;
+    # memory given back since must still be refused.
     big = torch.ones(1 << 20, device=FL)  # its own segment, outside any graph pool
     g = torch.accelerator.Graph()
     with g:
         big.mul_(2)
+    for _ in range(replays_before):
+        g.replay()
+    assert big[:2].cpu().tolist() == [2.0**replays_before] * 2
     del big
     torch.flagos.empty_cache()  # its segment goes back to flagosd
     g.replay()
@@ -330,6 +336,30 @@ def test_a_replay_naming_memory_given_back_fails_at_the_next_sync() -> None:
         torch.flagos.synchronize()
     # The session goes on.
     assert torch.ones(2, device=FL).sum().item() == 2.0
+
+
+def test_replays_stay_right_across_memory_given_back_elsewhere() -> None:
+    # Memory given back that the graph does not name: the next replay checks
+    # the graph's ranges again (running its ops as sent), later ones run them
+    # as decoded before; every one computes what the CPU does.
+    x = torch.zeros(64, device=FL)
+    w = torch.arange(64, dtype=torch.float32, device=FL)
+    g = torch.accelerator.Graph()
+    with g:
+        x.add_(w)
+        x.mul_(0.5)
+        y = torch.tanh(x) + w
+    ref = torch.zeros(64)
+    ref_w = torch.arange(64, dtype=torch.float32)
+    for step in range(8):
+        if step in (3, 5):
+            other = torch.ones(1 << 20, device=FL)
+            del other
+            torch.flagos.empty_cache()
+        g.replay()
+        ref = (ref + ref_w) * 0.5
+        torch.testing.assert_close(x.cpu(), ref)
+        torch.testing.assert_close(y.cpu(), torch.tanh(ref) + ref_w)
 
 
 @pytest.mark.parametrize(

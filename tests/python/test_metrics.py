@@ -39,6 +39,14 @@ step("small")
 for _ in range(7):
     a.add_(1)
 step("added")
+g = torch.accelerator.Graph()
+with g:
+    for _ in range(5):
+        a.add_(1)
+for _ in range(3):
+    g.replay()  # the first runs the ops as sent, the later ones as prepared
+assert a[0].item() == 22.0
+step("replayed")
 bad = torch.tensor([0, 99], device="flagos")
 try:
     torch.index_select(a, 0, bad).cpu()
@@ -135,10 +143,16 @@ def test_counters_move_exactly_with_activity(metrics_daemon, spawn_python, read_
         before, "flagosd_device_busy_seconds_total", device="0")
     proc.stdin.write("\n"); proc.stdin.flush()
 
+    # A graph's ops count as ops at every replay, prepared or not.
+    replayed = at("replayed")
+    assert ops(replayed, route) - ops(added, route) == 15
+    assert count(replayed) - count(added) == 15
+    proc.stdin.write("\n"); proc.stdin.flush()
+
     assert read_line(proc).startswith("error ")
     failed = at("failed")
     errors = lambda s: value(s, "flagosd_op_errors_total", device="0")  # noqa: E731
-    assert errors(failed) - errors(added) == 1
+    assert errors(failed) - errors(replayed) == 1
     assert errors(added) == errors(before) == 0
     assert value(failed, "flagosd_command_errors_total", code="INVALID_ARGUMENT") - value(
         added, "flagosd_command_errors_total", code="INVALID_ARGUMENT") >= 1

@@ -116,6 +116,20 @@ TEST(SegmentTableTest, CountersFollowInsertAndRemove) {
   EXPECT_EQ(table.device_bytes(0), 50u);
 }
 
+TEST(SegmentTableTest, RemovalsCountWhatWasRemovedAndNothingElse) {
+  SegmentTable table;
+  EXPECT_EQ(table.removals(), 0u);
+  ASSERT_TRUE(table.Insert(0, kBase, 100).ok());
+  ASSERT_TRUE(table.Insert(0, kBase + 1000, 50).ok());
+  EXPECT_EQ(table.removals(), 0u);  // an insert leaves every range as it was
+  EXPECT_FALSE(table.Remove(0, kBase + 1).ok());
+  EXPECT_EQ(table.removals(), 0u);  // a refused remove too
+  ASSERT_TRUE(table.Remove(0, kBase).ok());
+  EXPECT_EQ(table.removals(), 1u);
+  (void)table.TakeAll();
+  EXPECT_EQ(table.removals(), 2u);
+}
+
 TEST(SegmentTableTest, TakeAllEmptiesTheTable) {
   SegmentTable table;
   ASSERT_TRUE(table.Insert(0, kBase, 100).ok());
