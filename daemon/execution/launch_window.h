@@ -36,24 +36,30 @@ class LaunchWindow {
   // Commands in one window (a replayed graph counts as its commands).
   static constexpr uint64_t kOpsPerWindow = 256;
 
-  // To be called before pushing a task that issues `ops` commands to
-  // `queue`, whose work goes to `stream` of `device`: pushes the gate that
-  // ends the window first when these commands would overflow it. `runtime`
-  // must outlive the queue's tasks.
-  void Count(DeviceRuntime& runtime, int device, StreamHandle stream, StreamQueue& queue,
-             uint64_t ops) {
+  // The window of `queue`, whose work goes to `stream` of `device` on
+  // `runtime` (which must outlive the queue's tasks).
+  LaunchWindow(DeviceRuntime* runtime, int device, StreamHandle stream, StreamQueue* queue)
+      : runtime_(runtime), device_(device), stream_(stream), queue_(queue) {}
+
+  // To be called before pushing a task that issues `ops` commands to the
+  // queue: pushes the gate that ends the window first when these commands
+  // would overflow it.
+  void Count(uint64_t ops) {
     if (ops_in_window_ == 0 || ops_in_window_ + ops <= kOpsPerWindow) {
       ops_in_window_ += ops;
       return;
     }
-    EndWindow(runtime, device, stream, queue, ops);
+    EndWindow(ops);
   }
 
  private:
   // Pushes the gate that ends the full window; `ops` open the next one.
-  void EndWindow(DeviceRuntime& runtime, int device, StreamHandle stream, StreamQueue& queue,
-                 uint64_t ops);
+  void EndWindow(uint64_t ops);
 
+  DeviceRuntime* const runtime_;
+  const int device_;
+  const StreamHandle stream_;
+  StreamQueue* const queue_;
   uint64_t ops_in_window_ = 0;
   // Fires once the previous window's work has completed on the device.
   std::shared_ptr<ReadyGate> previous_;

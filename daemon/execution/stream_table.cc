@@ -34,6 +34,7 @@ absl::StatusOr<SessionStream*> StreamTable::Get(int device, uint64_t stream) {
   state->queue = std::make_unique<StreamQueue>(
       absl::StrCat("session ", session_id_, " ", DeviceName(device), " stream ", stream),
       pools_[device], activity_ == nullptr ? nullptr : activity_->clock(device));
+  state->window.emplace(runtime_, device, state->backend_stream, state->queue.get());
   SessionStream* raw = state.get();
   streams_.emplace(std::make_pair(device, stream), std::move(state));
   return raw;

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -37,8 +38,8 @@ struct SessionStream {
   StreamHandle backend_stream = 0;  // 0: the device's default stream
   std::unique_ptr<StreamQueue> queue;
   // How far the queue's commands may run ahead of the device (counted by
-  // the thread that pushes to the queue).
-  LaunchWindow window;
+  // the thread that pushes to the queue); set with the queue.
+  std::optional<LaunchWindow> window;
 };
 
 class StreamTable {

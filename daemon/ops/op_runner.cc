@@ -240,9 +240,9 @@ class OpRunnerImpl final : public OpRunner {
       };
       OpCallContext context(backend_, call.device(), stream, call.op_name(), no_range,
                             /*mirror=*/nullptr, limits_.max_host_memory_bytes);
-      absl::Status s = call.kind() == PreparedOpCall::Kind::kCallInto
-                           ? context.CallKernelInto(call.op(), &stack, call.outputs())
-                           : context.CallKernel(call.op(), &stack);
+      absl::Status s = call.outputs().empty()
+                           ? context.CallKernel(call.op(), &stack)
+                           : context.CallKernelInto(call.op(), &stack, call.outputs());
       if (IsDeclined(s)) return false;  // nothing issued: Run takes cpu_fallback
       if (!s.ok()) return s;
       if (call.outputs_must_stay() && !call.Intact()) {
@@ -389,8 +389,8 @@ class OpRunnerImpl final : public OpRunner {
         s = CallOp(context, *registered->out_variant, call, &stack);
         if (s.ok() && OutputsIntact(call, made)) {
           if (kept.has_value()) {
-            Prepare(prepare, kept, PreparedOpCall::Kind::kCall, *registered->out_variant,
-                    *registered, device, {}, /*outputs_must_stay=*/true);
+            Prepare(prepare, kept, *registered->out_variant, *registered, device, {},
+                    /*outputs_must_stay=*/true);
           }
           return WriteBack(op_name, mirror);
         }
@@ -429,8 +429,8 @@ class OpRunnerImpl final : public OpRunner {
       if (preparing) kept = stack;
       absl::Status s = context.CallKernelInto(op, &stack, outputs);
       if (s.ok() && kept.has_value()) {
-        Prepare(prepare, kept, PreparedOpCall::Kind::kCallInto, op, *registered, device,
-                std::move(outputs), /*outputs_must_stay=*/false);
+        Prepare(prepare, kept, op, *registered, device, std::move(outputs),
+                /*outputs_must_stay=*/false);
       }
       return s;
     }
@@ -487,8 +487,7 @@ class OpRunnerImpl final : public OpRunner {
     }
     if (into_outputs) registered->out_variant_works.store(false, std::memory_order_relaxed);
     if (kept.has_value()) {
-      Prepare(prepare, kept, PreparedOpCall::Kind::kCall, op, *registered, device, {},
-              /*outputs_must_stay=*/false);
+      Prepare(prepare, kept, op, *registered, device, {}, /*outputs_must_stay=*/false);
     }
     return WriteBack(op_name, mirror);
   }
@@ -497,14 +496,13 @@ class OpRunnerImpl final : public OpRunner {
   // the stack holds a generator (decoded afresh from its (seed, offset) on
   // every call: run again, the one kept would draw further).
   static void Prepare(std::shared_ptr<const PreparedOpCall>* prepare,
-                      std::optional<torch::jit::Stack>& kept, PreparedOpCall::Kind kind,
-                      const c10::OperatorHandle& op, const RegisteredOp& registered, int device,
+                      std::optional<torch::jit::Stack>& kept, const c10::OperatorHandle& op, const RegisteredOp& registered, int device,
                       std::vector<at::Tensor> outputs, bool outputs_must_stay) {
     if (std::any_of(kept->begin(), kept->end(),
                     [](const c10::IValue& v) { return v.isGenerator(); })) {
       return;
     }
-    *prepare = std::make_shared<const PreparedOpCall>(kind, op, registered.name, device,
+    *prepare = std::make_shared<const PreparedOpCall>(op, registered.name, device,
                                                       *std::move(kept), std::move(outputs),
                                                       outputs_must_stay);
   }

@@ -32,16 +32,13 @@ namespace flagos::daemon {
 
 class PreparedOpCall {
  public:
-  enum class Kind {
-    kCall,      // the kernel of `op` on `stack` (results written in place)
-    kCallInto,  // a functional op's kernel, its results into `outputs`
-  };
-
-  PreparedOpCall(Kind kind, const c10::OperatorHandle& op, std::string op_name,
-                 int device, torch::jit::Stack stack, std::vector<at::Tensor> outputs,
-                 bool outputs_must_stay)
-      : kind_(kind),
-        op_(op),
+  // `outputs` empty: the kernel of `op` on `stack` writes its results in
+  // place (an in-place op, or an out= overload whose outputs are on the
+  // stack); else `op` is a functional op whose kernel writes its results
+  // into `outputs` (OpExecutor::CallInto).
+  PreparedOpCall(const c10::OperatorHandle& op, std::string op_name, int device,
+                 torch::jit::Stack stack, std::vector<at::Tensor> outputs, bool outputs_must_stay)
+      : op_(op),
         op_name_(std::move(op_name)),
         device_(device),
         stack_(std::move(stack)),
@@ -51,7 +48,6 @@ class PreparedOpCall {
     for (const at::Tensor& t : outputs_) Remember(t);
   }
 
-  Kind kind() const { return kind_; }
   const c10::OperatorHandle& op() const { return op_; }
   const std::string& op_name() const { return op_name_; }
   int device() const { return device_; }
@@ -100,7 +96,6 @@ class PreparedOpCall {
     if (t.defined()) made_.emplace_back(t);
   }
 
-  const Kind kind_;
   const c10::OperatorHandle op_;
   const std::string op_name_;
   const int device_;

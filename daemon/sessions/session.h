@@ -96,7 +96,6 @@
 #define FLAGOS_DAEMON_SESSIONS_SESSION_H_
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -344,9 +343,6 @@ class Session {
                              v1::Completion* completion, bool* reply,
                              std::shared_ptr<const PreparedOpCall>* prepare = nullptr)
       ABSL_SHARED_LOCKS_REQUIRED(memory_mu_);
-  // Counts one op's run in the device's metrics (when metrics are on).
-  void CountOpRun(int device, OpRoute route, std::chrono::steady_clock::time_point start,
-                  bool ok, const OpRunStats& run);
   // Replies `completion` (with `data` as its bytes when not null) once the
   // work issued so far to `backend_stream` has completed.
   absl::Status ReplyWhenComplete(int device, StreamHandle backend_stream,

@@ -65,16 +65,6 @@ void Session::Execute(v1::Command& command, StreamHandle backend_stream) {
   if (reply) Reply(std::move(completion));
 }
 
-void Session::CountOpRun(int device, OpRoute route, std::chrono::steady_clock::time_point start,
-                         bool ok, const OpRunStats& run) {
-  DeviceMetrics* metrics = MetricsFor(device);
-  if (metrics == nullptr) return;
-  metrics->CountOp(
-      route, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), ok);
-  metrics->CountCpuFallbackBytes(run.fallback_bytes_to_host, run.fallback_bytes_to_device);
-  if (run.declined) metrics->CountNativeDeclined();
-}
-
 absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_stream,
                                     v1::Completion* completion, bool* reply,
                                     std::shared_ptr<const PreparedOpCall>* prepare) {
@@ -83,8 +73,9 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
   switch (command.kind_case()) {
     case v1::Command::kOp: {
       *reply = command.op().want_values();
-      const auto start = metrics_ == nullptr ? std::chrono::steady_clock::time_point()
-                                             : std::chrono::steady_clock::now();
+      DeviceMetrics* metrics = MetricsFor(device);
+      const auto start = metrics == nullptr ? std::chrono::steady_clock::time_point()
+                                            : std::chrono::steady_clock::now();
       const CollectiveCaller caller(id_, pid_);  // for the flagos_c10d kernels
       OpRunStats run;
       absl::Status status = ops_->Run(
@@ -93,7 +84,14 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
             return CheckRange(command, d, addr, nbytes);
           },
           completion, &run, prepare);
-      CountOpRun(device, run.route, start, status.ok(), run);
+      if (metrics != nullptr) {
+        metrics->CountOp(run.route,
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                             .count(),
+                         status.ok());
+        metrics->CountCpuFallbackBytes(run.fallback_bytes_to_host, run.fallback_bytes_to_device);
+        if (run.declined) metrics->CountNativeDeclined();
+      }
       return status;
     }
     case v1::Command::kPlaceResult:

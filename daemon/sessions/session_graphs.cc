@@ -57,8 +57,7 @@ void Session::ReplayGraph(const v1::Command& command) {
   absl::StatusOr<SessionStream*> state = streams_.Get(command.device(), command.stream());
   if (!state.ok()) return ReplyError(seq, "replay_graph", state.status());
   const StreamHandle backend_stream = (*state)->backend_stream;
-  (*state)->window.Count(backend_.runtime(), (*state)->device, backend_stream, *(*state)->queue,
-                         (*graph)->commands.size());
+  (*state)->window->Count((*graph)->commands.size());
   (*state)->queue->Push([this, graph = *std::move(graph), seq, id = replay.graph(),
                          rng = replay.rng(), backend_stream]() {
     RunReplay(*graph, id, seq, rng, backend_stream);

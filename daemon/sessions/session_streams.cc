@@ -74,7 +74,7 @@ void Session::Enqueue(v1::Command& command, const std::shared_ptr<const void>& k
     Execute(command, backend_stream);
     return;
   }
-  (*state)->window.Count(backend_.runtime(), (*state)->device, backend_stream, *(*state)->queue, 1);
+  (*state)->window->Count(1);
   if (source_ready != nullptr) {
     (*state)->queue->PushGate([source_ready](StreamQueue::Resume resume) {
       source_ready->Park(std::move(resume));

@@ -77,10 +77,9 @@ class HeldFences : public DelegatingRuntime {
 };
 
 // Pushes `tasks` one-command tasks (each counted) that count their runs.
-void PushCounted(DeviceRuntime& runtime, LaunchWindow& window, StreamQueue& queue, int tasks,
-                 std::atomic<int>* ran) {
+void PushCounted(LaunchWindow& window, StreamQueue& queue, int tasks, std::atomic<int>* ran) {
   for (int i = 0; i < tasks; ++i) {
-    window.Count(runtime, 0, 0, queue, 1);
+    window.Count(1);
     queue.Push([ran] { ++*ran; });
   }
 }
@@ -100,12 +99,12 @@ class LaunchWindowTest : public ::testing::Test {
   HeldFences runtime_;
   WorkerPool pool_{"test", 2};
   StreamQueue queue_{"test", &pool_};
-  LaunchWindow window_;
+  LaunchWindow window_{&runtime_, 0, 0, &queue_};
   std::atomic<int> ran_{0};
 };
 
 TEST_F(LaunchWindowTest, TheQueueRunsTwoWindowsAheadOfTheDeviceAndNoFurther) {
-  PushCounted(runtime_, window_, queue_, 5 * kWindow, &ran_);
+  PushCounted(window_, queue_, 5 * kWindow, &ran_);
   // Window 1 ran, its fence was issued; window 2 ran, its fence was issued,
   // and the queue parked on window 1's.
   ASSERT_TRUE(runtime_.WaitForFences(2));
@@ -128,7 +127,7 @@ TEST_F(LaunchWindowTest, TheQueueRunsTwoWindowsAheadOfTheDeviceAndNoFurther) {
 }
 
 TEST_F(LaunchWindowTest, StopDropsWhatLiesBeyondTheWindowsOnTheDevice) {
-  PushCounted(runtime_, window_, queue_, 40 * kWindow, &ran_);
+  PushCounted(window_, queue_, 40 * kWindow, &ran_);
   ASSERT_TRUE(runtime_.WaitForFences(2));
   queue_.Stop();  // the client died: the parked queue drops the rest
   runtime_.Complete(0);
@@ -140,7 +139,7 @@ TEST_F(LaunchWindowTest, StopDropsWhatLiesBeyondTheWindowsOnTheDevice) {
 TEST_F(LaunchWindowTest, ACommandWorthManyOpsFillsAWindowOfItsOwn) {
   // A replay of 3 windows' worth of commands, then three more.
   for (uint64_t ops : {3 * kWindow, uint64_t{1}, 3 * kWindow, 3 * kWindow}) {
-    window_.Count(runtime_, 0, 0, queue_, ops);
+    window_.Count(ops);
     queue_.Push([this] { ++ran_; });
   }
   // [big] fence [1, ...] - the second big one overflows the window: fence,
@@ -159,9 +158,9 @@ TEST(LaunchWindowOnCpuTest, OnARuntimeWhoseWorkCompletesAtReturnNothingWaits) {
   std::unique_ptr<DeviceRuntime> runtime = Cpu();
   WorkerPool pool("test", 2);
   StreamQueue queue("test", &pool);
-  LaunchWindow window;
+  LaunchWindow window(runtime.get(), 0, 0, &queue);
   std::atomic<int> ran{0};
-  PushCounted(*runtime, window, queue, 10 * kWindow + 7, &ran);
+  PushCounted(window, queue, 10 * kWindow + 7, &ran);
   EXPECT_EQ(Settle(ran, 10 * kWindow + 7), 10 * kWindow + 7);
   queue.Stop();
 }
