@@ -9,8 +9,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "flagos/v1/wire.h"
@@ -35,7 +37,8 @@ bool WaitReadable(int fd, absl::Time deadline) {
 }
 
 // Reads the daemon's StagingAttached answer on `sock`; OK when it accepted.
-absl::Status ReadAttachReply(int sock, absl::Time deadline, absl::string_view what) {
+absl::Status ReadAttachReply(int sock, absl::Time deadline, absl::string_view what,
+                             v1::StagingAttached* accepted = nullptr) {
   std::string reply;
   const auto complete = [&reply] {
     if (reply.size() < 4) return false;
@@ -66,6 +69,7 @@ absl::Status ReadAttachReply(int sock, absl::Time deadline, absl::string_view wh
     return absl::Status(static_cast<absl::StatusCode>(attached.code()),
                         absl::StrCat(what, " refused: ", attached.message()));
   }
+  if (accepted != nullptr) *accepted = std::move(attached);
   return absl::OkStatus();
 }
 
@@ -114,7 +118,8 @@ absl::StatusOr<int> SendAttach(const std::string& socket_path, const v1::Staging
 }
 
 absl::StatusOr<int> AttachSyncChannel(const std::string& host, uint32_t port,
-                                      const v1::SyncAttach& attach, absl::Time deadline) {
+                                      const v1::SyncAttach& attach, absl::Time deadline,
+                                      uint32_t* max_waiting) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
@@ -179,7 +184,11 @@ absl::StatusOr<int> AttachSyncChannel(const std::string& host, uint32_t port,
     }
     return Errno("sync attach: sending the attach failed");
   }
-  if (absl::Status s = ReadAttachReply(sock, deadline, "sync attach"); !s.ok()) return s;
+  v1::StagingAttached accepted;
+  if (absl::Status s = ReadAttachReply(sock, deadline, "sync attach", &accepted); !s.ok()) {
+    return s;
+  }
+  *max_waiting = std::max<uint32_t>(accepted.max_sync_waiting(), 1);
   // The channel's calls block.
   fcntl(sock, F_SETFL, fcntl(sock, F_GETFL) & ~O_NONBLOCK);
   closer.fd = -1;

@@ -29,10 +29,13 @@ absl::StatusOr<int> SendAttach(const std::string& socket_path, const v1::Staging
 
 // Connects to `host`:`port` (TCP_NODELAY), sends `attach` and waits until
 // `deadline` for the daemon's answer. On acceptance returns the connected,
-// blocking socket (the caller owns it); else the refusal ("sync attach
-// refused: ...") or why no answer came.
+// blocking socket (the caller owns it) and sets `*max_waiting` to how many
+// commands may wait for replies on it at once (1 from a daemon that does
+// not say); else the refusal ("sync attach refused: ...") or why no answer
+// came.
 absl::StatusOr<int> AttachSyncChannel(const std::string& host, uint32_t port,
-                                      const v1::SyncAttach& attach, absl::Time deadline);
+                                      const v1::SyncAttach& attach, absl::Time deadline,
+                                      uint32_t* max_waiting);
 
 }  // namespace flagos::client
 

@@ -30,9 +30,12 @@ constexpr absl::Duration kSyncLossGrace = absl::Seconds(2);
 constexpr absl::Duration kStatsTimeout = absl::Seconds(5);
 constexpr absl::Duration kAttachTimeout = absl::Seconds(2);
 // A TCP session's uploads from this size on travel raw on the sync channel
-// (a round trip per kMaxCopyChunk); smaller ones inline on the session
-// stream, without waiting.
+// (RawCopyOnSyncChannel); smaller ones inline on the session stream,
+// without waiting.
 constexpr uint64_t kMinRawUploadBytes = 256 << 10;
+// The pieces of a raw copy on the sync channel: small enough that the
+// pipeline's first and last pieces, which nothing overlaps, cost little.
+constexpr uint64_t kRawPieceBytes = 4ull << 20;
 // Empty idle-flush periods before the flusher sleeps until woken.
 constexpr int kIdleFlushTicks = 20;
 
@@ -207,7 +210,8 @@ void SessionConnection::AttachSyncOverTcp(uint32_t port, const std::string& toke
   attach.set_token(token);
   attach.set_raw_payloads(true);
   const std::string host = TcpHost(endpoint_);
-  absl::StatusOr<int> channel = AttachSyncChannel(host, port, attach, deadline);
+  uint32_t max_waiting = 1;
+  absl::StatusOr<int> channel = AttachSyncChannel(host, port, attach, deadline, &max_waiting);
   if (!channel.ok()) {
     LogOnce(absl::StrCat("flagos: no sync channel with flagosd at ", endpoint_, " (",
                          channel.status().message(),
@@ -216,6 +220,9 @@ void SessionConnection::AttachSyncOverTcp(uint32_t port, const std::string& toke
   }
   sync_ = std::make_unique<SyncChannel>(*channel);
   sync_raw_payloads_ = true;
+  // Two pieces of a bulk copy in flight where the daemon takes them (one
+  // from a daemon older than pipelined copies).
+  sync_window_ = std::min<uint32_t>(max_waiting, 2);
 }
 
 void SessionConnection::FlushLoop() {
@@ -392,6 +399,17 @@ absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(
     v1::Command command, std::string describe, absl::Span<const char> payload,
     absl::Span<char> into) {
   absl::MutexLock sync_lock(&sync_mu_);
+  absl::Status sent;
+  absl::StatusOr<uint64_t> seq =
+      SendOnSyncChannel(std::move(command), std::move(describe), payload, &sent);
+  if (!seq.ok()) return seq.status();
+  return FinishOnSyncChannel(*seq, sent, into);
+}
+
+absl::StatusOr<uint64_t> SessionConnection::SendOnSyncChannel(v1::Command command,
+                                                              std::string describe,
+                                                              absl::Span<const char> payload,
+                                                              absl::Status* sent) {
   v1::SyncRequest request;
   bool flush;
   uint64_t seq;
@@ -412,7 +430,14 @@ absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(
   }
   *request.mutable_command() = std::move(command);
   request.set_payload_bytes(payload.size());
-  absl::StatusOr<v1::Completion> reply = sync_->Call(request, payload, into);
+  *sent = sync_->Send(request, payload);
+  return seq;
+}
+
+absl::StatusOr<v1::Completion> SessionConnection::FinishOnSyncChannel(uint64_t seq,
+                                                                      absl::Status sent,
+                                                                      absl::Span<char> into) {
+  absl::StatusOr<v1::Completion> reply = sent.ok() ? sync_->Receive(into) : sent;
   absl::MutexLock lock(&mu_);
   if (!reply.ok()) {
     if (!async_error_.ok()) return TakeAsyncErrorLocked();
@@ -428,6 +453,11 @@ absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(
     }
     return session_end_;
   }
+  if (reply->seq() != seq) {
+    return absl::InternalError(absl::StrCat("flagos: the sync channel answered command ",
+                                            reply->seq(), " where command ", seq,
+                                            " waited for its reply"));
+  }
   // Errors of earlier commands travel on the stream: raise them here, as a
   // call on the stream would.
   const uint64_t errors_before = reply->errors_before();
@@ -438,6 +468,71 @@ absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(
   if (!async_error_.ok()) return TakeAsyncErrorLocked();
   if (reply->code() != 0) return CompletionError(seq, *reply);
   return *std::move(reply);
+}
+
+absl::Status SessionConnection::RawCopyOnSyncChannel(int device, uint64_t stream, uint64_t addr,
+                                                     char* host, uint64_t nbytes, bool upload,
+                                                     const std::string& describe) {
+  // Requests sent whose replies are not read yet: at most what the daemon
+  // lets wait on the channel (sync_window_, 2 or 1). Uploads are answered
+  // once queued; the same bound keeps their bytes in flight to two pieces.
+  struct Piece {
+    uint64_t seq;
+    absl::Status sent;
+    uint64_t done;  // where its bytes are in `host`
+    uint64_t n;
+  };
+  absl::MutexLock sync_lock(&sync_mu_);
+  std::deque<Piece> in_flight;
+  absl::Status first_error;
+  const auto finish_oldest = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_) {
+    const Piece piece = in_flight.front();
+    in_flight.pop_front();
+    absl::Span<char> into;
+    if (!upload) into = absl::Span<char>(host + piece.done, piece.n);
+    absl::StatusOr<v1::Completion> reply = FinishOnSyncChannel(piece.seq, piece.sent, into);
+    absl::Status status = reply.status();
+    if (status.ok() && !upload && !(reply->payload_bytes() == piece.n && reply->data().empty())) {
+      // Not raw after all: the bytes are in the message.
+      if (reply->data().size() == piece.n) {
+        std::memcpy(host + piece.done, reply->data().data(), piece.n);
+      } else {
+        status = absl::InternalError(absl::StrCat("flagos: flagosd returned ",
+                                                  reply->data().size(), " bytes for a copy of ",
+                                                  piece.n, " bytes (", describe, ")"));
+      }
+    }
+    if (!status.ok() && first_error.ok()) first_error = status;
+  };
+  for (uint64_t done = 0; done < nbytes && first_error.ok();) {
+    const uint64_t n = std::min(nbytes - done, kRawPieceBytes);
+    v1::Command command;
+    command.set_device(device);
+    command.set_stream(stream);
+    absl::Span<const char> payload;
+    if (upload) {
+      v1::CopyToDevice* copy = command.mutable_copy_to_device();
+      copy->set_addr(addr + done);
+      payload = absl::Span<const char>(host + done, n);
+    } else {
+      v1::CopyFromDevice* copy = command.mutable_copy_from_device();
+      copy->set_addr(addr + done);
+      copy->set_nbytes(n);
+    }
+    absl::Status sent;
+    absl::StatusOr<uint64_t> seq = SendOnSyncChannel(std::move(command), describe, payload, &sent);
+    if (!seq.ok()) {
+      first_error = seq.status();
+      break;
+    }
+    in_flight.push_back({*seq, sent, done, n});
+    done += n;
+    if (!sent.ok()) break;
+    if (in_flight.size() >= sync_window_) finish_oldest();
+  }
+  // Every request sent has its reply read: the channel stays in step.
+  while (!in_flight.empty()) finish_oldest();
+  return first_error;
 }
 
 absl::StatusOr<v1::Completion> SessionConnection::Call(v1::Command command,
@@ -474,6 +569,13 @@ absl::Status SessionConnection::Upload(int device, uint64_t stream, uint64_t add
                                        const void* src, uint64_t nbytes,
                                        const std::string& describe) {
   const char* bytes = static_cast<const char*>(src);
+  if (staging_ == nullptr && sync_raw_payloads_ && nbytes >= kMinRawUploadBytes) {
+    // A TCP session's bulk bytes go raw on the sync channel: no copy into
+    // a message, no HTTP/2 framing; the daemon acknowledges each piece once
+    // it has it queued, and the next piece is on its way meanwhile.
+    return RawCopyOnSyncChannel(device, stream, addr, const_cast<char*>(bytes), nbytes,
+                                /*upload=*/true, describe);
+  }
   for (uint64_t done = 0; done < nbytes;) {
     v1::Command command;
     command.set_device(device);
@@ -488,16 +590,6 @@ absl::Status SessionConnection::Upload(int device, uint64_t stream, uint64_t add
       hostcopy::BulkCopy(chunk->data, bytes + done, n);
       copy->mutable_staged()->set_offset(chunk->offset);
       copy->mutable_staged()->set_nbytes(n);
-    } else if (sync_raw_payloads_ && nbytes >= kMinRawUploadBytes) {
-      // A TCP session's bulk bytes go raw on the sync channel: no copy into
-      // a message, no HTTP/2 framing; the daemon acknowledges each chunk
-      // once it has it queued.
-      n = std::min(nbytes - done, kMaxCopyChunk);
-      absl::StatusOr<v1::Completion> queued = CallOnSyncChannel(
-          std::move(command), describe, absl::Span<const char>(bytes + done, n));
-      if (!queued.ok()) return queued.status();
-      done += n;
-      continue;
     } else {
       n = std::min(nbytes - done, kMaxCopyChunk);
       copy->set_data(bytes + done, n);
@@ -524,6 +616,10 @@ absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst,
   // A fresh destination (the tensor `.cpu()` allocates) faults in 2 MiB
   // pages rather than 4 KiB ones.
   hostcopy::PrepareDestination(out, nbytes);
+  if (staging_ == nullptr && sync_raw_payloads_ && nbytes > kRawPieceBytes) {
+    // A TCP session's bulk download: raw on the sync channel, pipelined.
+    return RawCopyOnSyncChannel(device, stream, addr, out, nbytes, /*upload=*/false, describe);
+  }
   // Waits for the oldest chunk, copies it out and frees it.
   const auto finish_oldest = [&]() {
     InFlight f = in_flight.front();

@@ -110,6 +110,24 @@ class SessionConnection final : public Connection {
   absl::StatusOr<v1::Completion> CallOnSyncChannel(v1::Command command, std::string describe,
                                                    absl::Span<const char> payload = {},
                                                    absl::Span<char> into = {});
+  // CallOnSyncChannel's halves. SendOnSyncChannel assigns the command's seq
+  // (returned; an error when the session takes no command) and sends it,
+  // setting `*sent` to how the send went; FinishOnSyncChannel reads the
+  // reply to it (or takes `sent`'s failure) and turns it into the caller's
+  // answer.
+  absl::StatusOr<uint64_t> SendOnSyncChannel(v1::Command command, std::string describe,
+                                             absl::Span<const char> payload, absl::Status* sent)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  absl::StatusOr<v1::Completion> FinishOnSyncChannel(uint64_t seq, absl::Status sent,
+                                                     absl::Span<char> into)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  // A TCP session's bulk copy, raw on the sync channel in kRawPieceBytes
+  // pieces, pipelined: the request for a piece goes out before the reply to
+  // the one before it is read, so the daemon copies (device→host) or reads
+  // (host→device) a piece while the socket carries the other. `upload`:
+  // `host` → device; else device → `host`.
+  absl::Status RawCopyOnSyncChannel(int device, uint64_t stream, uint64_t addr, char* host,
+                                    uint64_t nbytes, bool upload, const std::string& describe);
   // A Completion's error as the caller sees it (naming the command).
   absl::Status CompletionError(uint64_t seq, const v1::Completion& completion) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -145,7 +163,10 @@ class SessionConnection final : public Connection {
   std::unique_ptr<SyncChannel> sync_;
   // sync_ is a TCP channel that carries bulk bytes raw (SyncAttach.raw_payloads).
   bool sync_raw_payloads_ = false;
-  // One sync-channel call at a time.
+  // The pieces of a raw copy in flight on sync_ at once
+  // (StagingAttached.max_sync_waiting, at most 2).
+  uint32_t sync_window_ = 1;
+  // One sync-channel call (or pipelined copy) at a time.
   absl::Mutex sync_mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
 
   // Pinned regions by id (ids minted here from 1).

@@ -24,10 +24,19 @@ void SyncChannel::Shutdown() { shutdown(fd_, SHUT_RDWR); }
 absl::StatusOr<v1::Completion> SyncChannel::Call(const v1::SyncRequest& request,
                                                  absl::Span<const char> payload,
                                                  absl::Span<char> into) {
+  if (absl::Status s = Send(request, payload); !s.ok()) return s;
+  return Receive(into);
+}
+
+absl::Status SyncChannel::Send(const v1::SyncRequest& request, absl::Span<const char> payload) {
   const bool sent = payload.empty() ? v1::WriteFrame(fd_, request)
                                     : v1::WriteFrameAndPayload(fd_, v1::EncodeFrame(request),
                                                                payload.data(), payload.size());
   if (!sent) return absl::UnavailableError("the sync channel is closed");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Completion> SyncChannel::Receive(absl::Span<char> into) {
   std::string body;
   switch (v1::ReadFrame(fd_, kMaxReplyBytes, &body)) {
     case v1::FrameResult::kOk:

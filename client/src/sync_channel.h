@@ -1,5 +1,4 @@
-// SyncChannel: the session's fast path for one synchronous command at a
-// time (flagos.proto, SyncRequest): length-prefixed frames on the Unix
+// SyncChannel: the session's fast path for synchronous commands (flagos.proto, SyncRequest): length-prefixed frames on the Unix
 // socket the staging region was attached over, or on a TCP session's
 // SyncAttach connection (where bulk bytes may travel raw after a frame:
 // SyncRequest and Completion's payload_bytes). A round trip is one write
@@ -34,6 +33,12 @@ class SyncChannel {
   absl::StatusOr<v1::Completion> Call(const v1::SyncRequest& request,
                                       absl::Span<const char> payload = {},
                                       absl::Span<char> into = {});
+
+  // Call's halves, for a pipelined copy that sends a request before it
+  // reads the reply to the one before (the daemon keeps up to two waiting:
+  // kMaxSyncWaiting). Replies arrive in the order of the requests.
+  absl::Status Send(const v1::SyncRequest& request, absl::Span<const char> payload = {});
+  absl::StatusOr<v1::Completion> Receive(absl::Span<char> into = {});
 
   void Shutdown();
 

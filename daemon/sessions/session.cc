@@ -246,8 +246,9 @@ void Session::Dispatch(v1::Command& command, const std::shared_ptr<const void>& 
   }
 }
 
-void Session::Reply(v1::Completion completion) {
-  if (sync_.Answer(completion)) return;
+void Session::Reply(v1::Completion completion, OwnedBytes payload) {
+  if (sync_.Answer(completion, &payload)) return;
+  if (!payload.empty()) completion.set_data(payload.TakeString());
   replies_.PostCompletion(std::move(completion));
 }
 

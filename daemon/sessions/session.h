@@ -246,10 +246,11 @@ class Session {
   // holds it until it has executed.
   void Dispatch(v1::Command& command, const std::shared_ptr<const void>& keep,
                 bool ordered = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
-  // Every reply goes through here: to the sync channel when it answers the
+  // Every reply goes through here: to the sync channel when it answers a
   // command waiting there, else to the session stream; never blocks
-  // (replies_).
-  void Reply(v1::Completion completion);
+  // (replies_). `payload`, when not empty, is the reply's data (raw after
+  // the frame on a TCP client's sync channel, no copy through the message).
+  void Reply(v1::Completion completion, OwnedBytes payload = OwnedBytes());
   void ReplyError(uint64_t seq, absl::string_view kind, const absl::Status& status);
   // The error completion for command `seq` (logged and counted).
   v1::Completion ErrorCompletion(uint64_t seq, absl::string_view kind, const absl::Status& status);
@@ -346,7 +347,7 @@ class Session {
   // Replies `completion` (with `data` as its bytes when not null) once the
   // work issued so far to `backend_stream` has completed.
   absl::Status ReplyWhenComplete(int device, StreamHandle backend_stream,
-                                 v1::Completion completion, std::shared_ptr<std::string> data);
+                                 v1::Completion completion, std::shared_ptr<OwnedBytes> data);
   // Counts a copy command's bytes (when metrics are on).
   void CountCopy(int device, CopyDirection direction, uint64_t nbytes);
 

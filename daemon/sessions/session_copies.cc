@@ -18,13 +18,12 @@ namespace flagos::daemon {
 
 absl::Status Session::ReplyWhenComplete(int device, StreamHandle backend_stream,
                                         v1::Completion completion,
-                                        std::shared_ptr<std::string> data) {
+                                        std::shared_ptr<OwnedBytes> data) {
   DeviceRuntime& runtime = backend_.runtime();
   auto reply = [this, completion = std::move(completion),
                 data = std::move(data)](absl::Status status) mutable {
     if (!status.ok()) return ReplyError(completion.seq(), "copy_from_device", status);
-    if (data != nullptr) completion.set_data(std::move(*data));
-    Reply(std::move(completion));
+    Reply(std::move(completion), data != nullptr ? std::move(*data) : OwnedBytes());
   };
   WhenStreamCompletes(runtime, device, backend_stream, std::move(reply));
   return absl::OkStatus();
@@ -153,7 +152,10 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
         return s;
       }
       CountCopy(device, CopyDirection::kHostToDevice, data->size());
-      WhenStreamCompletes(runtime, device, backend_stream, [data](absl::Status) {});
+      WhenStreamCompletes(runtime, device, backend_stream, [this, data](absl::Status) {
+        // Read by the device: the next raw upload may land in them.
+        sync_.RecyclePayload(std::move(*data));
+      });
       return absl::OkStatus();
     }
     case v1::Command::kCopyFromDevice: {
@@ -215,7 +217,9 @@ absl::Status Session::ExecuteLocked(v1::Command& command, StreamHandle backend_s
         *reply = false;
         return ReplyWhenComplete(device, backend_stream, std::move(*completion), nullptr);
       }
-      auto data = std::make_shared<std::string>(copy.nbytes(), '\0');
+      // Filled by the device (no zero fill first); sent raw after the reply's
+      // frame on a TCP client's sync channel, in its data otherwise.
+      auto data = std::make_shared<OwnedBytes>(OwnedBytes::ForOverwrite(copy.nbytes()));
       if (absl::Status s = runtime.CopyDeviceToHost(device, backend_stream, data->data(),
                                                     copy.addr(), copy.nbytes());
           !s.ok()) {

@@ -213,7 +213,16 @@ bool Session::HandleSyncRequest(v1::SyncRequest& request) {
             "reply can; send it on the session stream"))));
     return true;
   }
-  sync_.Expect(seq);
+  if (!sync_.Expect(seq)) {
+    sync_.Write(ErrorCompletion(
+        seq, CommandKindName(command),
+        absl::FailedPreconditionError(absl::StrCat(
+            "command ", seq, " (", CommandKindName(command), ") is one more than the ",
+            kMaxSyncWaiting,
+            " commands that may wait for replies on the sync channel at once; read the replies "
+            "of those sent before it first"))));
+    return true;
+  }
   dispatch_owned();
   return true;
 }

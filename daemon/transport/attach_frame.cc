@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "flagos/v1/flagos.pb.h"
 #include "flagos/v1/wire.h"
+#include "transport/sync_channel.h"
 
 namespace flagos::daemon {
 
@@ -69,6 +70,7 @@ bool SendAttachReply(int fd, const absl::Status& status) {
   v1::StagingAttached reply;
   reply.set_code(static_cast<int>(status.code()));
   reply.set_message(std::string(status.message()));
+  if (status.ok()) reply.set_max_sync_waiting(kMaxSyncWaiting);
   return v1::WriteFrame(fd, reply);
 }
 

@@ -14,7 +14,7 @@ namespace {
 // Sends what `fd` takes of `bytes` from `*sent` on; with `flags`
 // MSG_DONTWAIT it stops when the socket would block. False when the socket
 // failed (peer gone, shut down).
-bool SendSome(int fd, const std::string& bytes, size_t* sent, int flags) {
+bool SendSome(int fd, const OwnedBytes& bytes, size_t* sent, int flags) {
   while (*sent < bytes.size()) {
     const ssize_t n = send(fd, bytes.data() + *sent, bytes.size() - *sent, MSG_NOSIGNAL | flags);
     if (n < 0 && errno == EINTR) continue;
@@ -86,13 +86,13 @@ void ReplyWriter::PostCompletion(v1::Completion completion) {
   }
 }
 
-void ReplyWriter::PostSyncFrame(int fd, std::string frame, std::string payload) {
+void ReplyWriter::PostSyncFrame(int fd, std::string frame, OwnedBytes payload) {
   bool ended = false;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ || sync_gone_ || exceeded_) return;
     sync_fd_ = fd;
-    Piece pieces[2] = {{std::move(frame), 0}, {std::move(payload), 0}};
+    Piece pieces[2] = {{OwnedBytes(std::move(frame)), 0}, {std::move(payload), 0}};
     if (sync_pending_.empty() && !sync_in_flight_) {
       // The fast path: the socket takes the whole reply now, as a reply
       // the client waits for usually does.

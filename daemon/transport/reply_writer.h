@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "flagos/v1/flagos.pb.h"
+#include "transport/owned_bytes.h"
 
 namespace flagos::daemon {
 
@@ -71,7 +72,7 @@ class ReplyWriter {
   // (Session::Close's rule); one fd per writer. A send that fails (peer
   // gone, socket shut down) drops the frame: the sync channel's reader sees
   // the peer gone.
-  void PostSyncFrame(int fd, std::string frame, std::string payload = std::string());
+  void PostSyncFrame(int fd, std::string frame, OwnedBytes payload = OwnedBytes());
 
   // Waits until everything posted has been written (or dropped: stream
   // gone, bound exceeded), then stops the thread. For a session that ends
@@ -113,7 +114,7 @@ class ReplyWriter {
   // Sync-channel bytes the socket did not take yet, in order: pieces (a
   // frame, a payload), each from its `sent` on; sync_pending_bytes_ in all.
   struct Piece {
-    std::string bytes;
+    OwnedBytes bytes;
     size_t sent = 0;
   };
   std::deque<Piece> sync_pending_ ABSL_GUARDED_BY(mu_);

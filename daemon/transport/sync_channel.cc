@@ -54,30 +54,52 @@ void SyncChannel::CloseFd() {
   }
 }
 
-bool SyncChannel::Answer(v1::Completion& completion) {
-  uint64_t waiting = completion.seq();
-  if (waiting != 0 && seq_.compare_exchange_strong(waiting, 0)) {
-    Write(std::move(completion));
-    return true;
+bool SyncChannel::Expect(uint64_t seq) {
+  for (std::atomic<uint64_t>& slot : waiting_) {
+    uint64_t free = 0;
+    if (slot.compare_exchange_strong(free, seq)) return true;
+  }
+  return false;
+}
+
+bool SyncChannel::Answer(v1::Completion& completion, OwnedBytes* payload) {
+  const uint64_t seq = completion.seq();
+  if (seq != 0) {
+    for (std::atomic<uint64_t>& slot : waiting_) {
+      uint64_t waiting = seq;
+      if (slot.load(std::memory_order_relaxed) == seq && slot.compare_exchange_strong(waiting, 0)) {
+        Write(std::move(completion), payload != nullptr ? std::move(*payload) : OwnedBytes());
+        return true;
+      }
+    }
   }
   if (completion.code() != 0) errors_sent_.fetch_add(1);
   return false;
 }
 
-void SyncChannel::Write(v1::Completion completion) {
+void SyncChannel::Write(v1::Completion completion, OwnedBytes payload) {
   completion.set_errors_before(errors_sent_.load());
-  std::string payload;
-  if (raw_payloads_ && !completion.data().empty()) {
+  if (raw_payloads_) {
     // The bytes go raw after the frame: neither end copies them through
     // the message.
-    payload = std::move(*completion.mutable_data());
-    completion.clear_data();
-    completion.set_payload_bytes(payload.size());
+    if (payload.empty() && !completion.data().empty()) {
+      payload = OwnedBytes(std::move(*completion.mutable_data()));
+      completion.clear_data();
+    }
+    if (!payload.empty()) completion.set_payload_bytes(payload.size());
+  } else if (!payload.empty()) {
+    completion.set_data(payload.TakeString());
   }
   std::string frame = v1::EncodeFrame(completion);
   bytes_sent_.fetch_add(frame.size() + payload.size(), std::memory_order_relaxed);
   // Without blocking; a client gone is seen by Loop.
   replies_->PostSyncFrame(fd_, std::move(frame), std::move(payload));
+}
+
+void SyncChannel::RecyclePayload(std::string bytes) {
+  if (bytes.size() < kMinPooledPayloadBytes) return;
+  absl::MutexLock lock(&pool_mu_);
+  if (pool_.size() < kMaxPooledPayloads) pool_.push_back(std::move(bytes));
 }
 
 absl::Status SyncChannel::ReadPayload(v1::SyncRequest& request) {
@@ -95,7 +117,14 @@ absl::Status SyncChannel::ReadPayload(v1::SyncRequest& request) {
                                                    " bytes exceeds ", kMaxSyncFrameBytes));
   }
   std::string* data = request.mutable_command()->mutable_copy_to_device()->mutable_data();
-  data->resize(n);
+  {
+    absl::MutexLock lock(&pool_mu_);
+    if (!pool_.empty()) {
+      data->swap(pool_.back());
+      pool_.pop_back();
+    }
+  }
+  data->resize(n);  // fills only what a pooled buffer lacks
   if (!v1::ReadBytes(fd_, data->data(), n)) {
     return absl::UnavailableError("the sync channel closed inside a payload");
   }

@@ -1,7 +1,8 @@
 // A session's sync channel (SyncRequest in flagos.proto): the staging
-// attach connection (or a TCP client's SyncAttach connection), carrying one
-// synchronous command at a time, read by a thread of its own; the reply to
-// the command waiting there goes back on it (sent without blocking by the
+// attach connection (or a TCP client's SyncAttach connection), carrying
+// synchronous commands — at most kMaxSyncWaiting waiting for their replies
+// at once (a TCP client's pipelined bulk copy has two) — read by a thread of
+// its own; the reply to a command waiting there goes back on it (sent without blocking by the
 // session's ReplyWriter), every other reply to the session stream. A
 // request's raw payload (SyncRequest.payload_bytes) is read into its
 // copy_to_device's data before the handler runs; with `raw_payloads`, a
@@ -20,15 +21,21 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "flagos/v1/flagos.pb.h"
+#include "transport/owned_bytes.h"
 #include "transport/reply_writer.h"
 
 namespace flagos::daemon {
+
+// Commands that may wait for their replies on one sync channel at once.
+inline constexpr int kMaxSyncWaiting = 2;
 
 class SyncChannel {
  public:
@@ -72,21 +79,33 @@ class SyncChannel {
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
 
-  // The command whose reply the channel waits for, set by the handler
-  // before it dispatches it.
-  void Expect(uint64_t seq) { seq_.store(seq); }
+  // A command whose reply the channel waits for, set by the handler before
+  // it dispatches it. False when kMaxSyncWaiting commands wait already (the
+  // handler refuses this one).
+  bool Expect(uint64_t seq);
   // Every reply of the session passes here: true when `completion` answers
-  // the command waiting on the channel (it was sent there); false when it
-  // belongs on the session stream (an error one is counted: errors_before).
-  bool Answer(v1::Completion& completion);
+  // a command waiting on the channel (it was sent there, with `payload`,
+  // the reply's bytes, when given); false when it belongs on the session
+  // stream (an error one is counted: errors_before).
+  bool Answer(v1::Completion& completion, OwnedBytes* payload = nullptr);
+  // Gives back an upload's bytes once the device has read them: the next
+  // raw payloads are read into them (no zero fill, no fresh pages) while
+  // fewer than kMaxPooledPayloads of at least kMinPooledPayloadBytes are
+  // kept; freed otherwise.
+  void RecyclePayload(std::string bytes);
   // Sends `completion` on the channel without blocking, with the count of
-  // error completions sent on the session stream before it.
-  void Write(v1::Completion completion);
+  // error completions sent on the session stream before it. Its bytes —
+  // `payload`, else its data — go raw after the frame on a channel with raw
+  // payloads, in its data otherwise.
+  void Write(v1::Completion completion, OwnedBytes payload = OwnedBytes());
 
  private:
   void Loop(Handler handle);
   // Reads `request`'s raw payload into its copy_to_device's data.
   absl::Status ReadPayload(v1::SyncRequest& request);
+
+  static constexpr size_t kMaxPooledPayloads = 4;
+  static constexpr size_t kMinPooledPayloadBytes = 1 << 20;
 
   const uint64_t session_id_;
   ReplyWriter* const replies_;
@@ -98,7 +117,10 @@ class SyncChannel {
   int fd_ = -1;
   bool raw_payloads_ = false;
   std::thread thread_ ABSL_GUARDED_BY(mu_);
-  std::atomic<uint64_t> seq_{0};
+  absl::Mutex pool_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<std::string> pool_ ABSL_GUARDED_BY(pool_mu_);
+  // The seqs of the commands waiting for replies here; 0 is a free slot.
+  std::atomic<uint64_t> waiting_[kMaxSyncWaiting] = {};
   // Error completions sent on the session stream so far.
   std::atomic<uint64_t> errors_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};

@@ -2,10 +2,12 @@
 
 A daemon on plaintext loopback TCP (--insecure-tcp) offers each TCP session a
 sync channel on a port of its own: synchronous calls go there, and bulk
-copies travel raw on it. Checked here: every byte of copies at sizes around
-the raw-upload threshold and the 8 MiB chunk, against the CPU tensor; that
-they did not pass through the session stream; asynchronous errors still
-raised at the next synchronisation point; refusals of attaches that are not
+copies travel raw on it, pipelined in 4 MiB pieces. Checked here: every
+byte of copies at sizes around the raw-upload threshold, the 4 MiB piece and
+the 8 MiB chunk, against the CPU tensor; that they did not pass through the
+session stream; asynchronous errors still raised at the next
+synchronisation point, a pipelined download's included, with the channel in
+step afterwards; refusals of attaches that are not
 the session's; a client killed in the middle of an upload; and, through a
 relay that delays every byte (a 1 ms round trip; the kernel here has no
 netem), that a training step makes no synchronous round trip and `.item()`
@@ -40,7 +42,8 @@ def tcp_daemon(start_daemon):
 COPIES = """
 import json, torch, torch_fl
 from torch_fl import _C
-sizes = [1, 1000, (256 << 10) - 1, (256 << 10) + 3, (8 << 20) + 5, (17 << 20) + 1]
+sizes = [1, 1000, (256 << 10) - 1, (256 << 10) + 3, 4 << 20, (4 << 20) + 1, (8 << 20) + 5,
+         (17 << 20) + 1]
 g = torch.Generator().manual_seed(0)
 ok = {}
 for n in sizes:
@@ -62,9 +65,24 @@ try:
 except Exception as e:
     raised = str(e)
 after = x.sum().item()
+# The same, raised by a download of several pieces in flight at once; the
+# pieces after the one that raised are read off the channel, so the next
+# calls are answered in step.
+big = torch.arange(17 << 18, dtype=torch.float32, device="flagos")   # 17 MiB
+try:
+    torch.zeros(4, device="flagos").index_add_(0, torch.tensor([9], device="flagos"),
+                                                torch.ones(1, device="flagos"))
+    big.cpu()
+    raised_in_download = ""
+except Exception as e:
+    raised_in_download = str(e)
+big_ok = bool(torch.equal(big.cpu(), torch.arange(17 << 18, dtype=torch.float32)))
+after_download = x.sum().item()
 sid = _C._session_id()
 me = next(s for s in _C._daemon_stats("")["sessions"] if s["id"] == sid)
-print(json.dumps({"ok": ok, "item": item, "after": after, "raised": raised, "session": me}))
+print(json.dumps({"ok": ok, "item": item, "after": after, "raised": raised,
+                  "raised_in_download": raised_in_download, "big_ok": big_ok,
+                  "after_download": after_download, "session": me}))
 """
 
 
@@ -76,11 +94,14 @@ def test_tcp_copies_keep_every_byte_and_bypass_the_stream(start_daemon, run_pyth
     assert all(got["ok"].values()), got["ok"]
     assert got["item"] == 45.0 and got["after"] == 45.0
     assert "index" in got["raised"].lower(), got["raised"]
+    assert "index" in got["raised_in_download"].lower(), got["raised_in_download"]
+    assert got["big_ok"] and got["after_download"] == 45.0, got
     session = got["session"]
     assert session["sync_channel_attached"] is True and session["staging_attached"] is False
     moved = sum(int(n) for n in got["ok"])
-    # Each size goes up once and down twice; what is above the raw-upload
-    # threshold travels on the sync channel, not inside the stream.
+    # Each size goes up once and down twice (the 17 MiB tensor only adds);
+    # what is above the raw-upload threshold travels on the sync channel,
+    # not inside the stream.
     assert int(session["sync_bytes_received"]) >= moved - 3 * (256 << 10)
     assert int(session["sync_bytes_sent"]) >= 2 * moved - 4 * (256 << 10)
     assert int(session["stream_bytes_received"]) < 2 << 20, session
