@@ -182,9 +182,11 @@ def test_accelerate_saves_and_restores_the_flagos_generator_and_reads_memory(run
 
 # The Trainer under torchrun, 2 processes: on flagos (ACCELERATE_TORCH_DEVICE)
 # and, as the reference, on the CPU (use_cpu: Accelerate's own multi-CPU
-# launch over gloo). Dropout off, so both draw nothing.
+# launch over gloo). Dropout off, so both draw nothing. Each rank writes what
+# it saw into files of its own: the ranks share torchrun's stdout, where
+# their lines (and the Trainer's) may land inside one another.
 DDP_TRAINER = r"""
-import sys, torch, torch_fl
+import json, sys, torch, torch_fl
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 out, device = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
@@ -199,17 +201,17 @@ args = TrainingArguments(output_dir=out, max_steps=6, per_device_train_batch_siz
 trainer = Trainer(model=model, args=args, train_dataset=dataset)
 trainer.train()
 state = trainer.accelerator.state
-sys.stdout.write(f"rank {state.process_index} of {state.num_processes} on {model.device}.\n")
-sys.stdout.flush()
+with open(f"{out}/rank{state.process_index}.json", "w") as f:
+    json.dump([state.process_index, state.num_processes, str(model.device)], f)
 if state.process_index == 0:
-    for entry in trainer.state.log_history:
-        if "loss" in entry:
-            print(f"step {entry['step']} loss {entry['loss']:.6f} epoch {entry['epoch']}")
+    losses = [[e["step"], e["loss"], e["epoch"]] for e in trainer.state.log_history if "loss" in e]
+    with open(f"{out}/losses.json", "w") as f:
+        json.dump(losses, f)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out + "/params.pt")
 """
 
 
-def trainer_under_torchrun(tmp_path: Path, device: str) -> tuple[str, dict]:
+def trainer_under_torchrun(tmp_path: Path, device: str) -> tuple[list, list, dict]:
     from test_distributed import free_port
 
     script = tmp_path / "ddp_trainer.py"
@@ -226,25 +228,24 @@ def trainer_under_torchrun(tmp_path: Path, device: str) -> tuple[str, dict]:
         env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         timeout=600)
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    return result.stdout, torch.load(out / "params.pt")
+    ranks = sorted(json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
+    losses = json.loads((out / "losses.json").read_text())
+    return ranks, losses, torch.load(out / "params.pt")
 
 
 def test_trainer_under_torchrun_trains_data_parallel_on_flagos_as_on_the_cpu(tmp_path) -> None:
     # Before torch_fl told Accelerate about flagos, each process trained
     # alone on the whole dataset (Accelerate found no distributed type).
-    out, params = trainer_under_torchrun(tmp_path, "flagos")
-    ref_out, ref_params = trainer_under_torchrun(tmp_path, "cpu")
-    # (The ranks' lines may interleave: each ends with a period.)
-    ranks = sorted(re.findall(r"rank (\d) of (\d) on ([^.\s]+)\.", out))
-    assert ranks == [("0", "2", "flagos:0"), ("1", "2", "flagos:1")], out
-    assert len(re.findall(r"rank \d of 2 on cpu\.", ref_out)) == 2, ref_out
-    losses = re.findall(r"^step (\d+) loss (\S+) epoch (\S+)$", out, re.M)
-    ref_losses = re.findall(r"^step (\d+) loss (\S+) epoch (\S+)$", ref_out, re.M)
+    ranks, losses, params = trainer_under_torchrun(tmp_path, "flagos")
+    ref_ranks, ref_losses, ref_params = trainer_under_torchrun(tmp_path, "cpu")
+    assert ranks == [[0, 2, "flagos:0"], [1, 2, "flagos:1"]], ranks
+    assert ref_ranks == [[0, 2, "cpu"], [1, 2, "cpu"]], ref_ranks
     # 64 samples, 2 processes of 4 a step: 8 steps an epoch, as on the CPU.
-    assert [(s, e) for s, _, e in losses] == [(s, e) for s, _, e in ref_losses], (out, ref_out)
-    assert losses[-1][2] == "0.75", losses
+    assert [(s, e) for s, _, e in losses] == [(s, e) for s, _, e in ref_losses], (losses, ref_losses)
+    assert [s for s, _, _ in losses] == [1, 2, 3, 4, 5, 6], losses
+    assert losses[-1][2] == 0.75, losses
     for (step, loss, _), (_, ref, _) in zip(losses, ref_losses):
-        assert float(loss) == pytest.approx(float(ref), rel=TOLERANCE), step
+        assert loss == pytest.approx(ref, rel=TOLERANCE), step
     assert params.keys() == ref_params.keys()
     for name, value in params.items():
         torch.testing.assert_close(value, ref_params[name], rtol=1e-4, atol=1e-5, msg=name)
