@@ -39,6 +39,21 @@ constexpr uint64_t kRawPieceBytes = 4ull << 20;
 // Empty idle-flush periods before the flusher sleeps until woken.
 constexpr int kIdleFlushTicks = 20;
 
+// A copy_from_device's bytes into `out`: there already when they came raw
+// after the reply's frame (read straight into it), else copied from the
+// message.
+absl::Status TakeDownloadedBytes(const v1::Completion& completion, absl::Span<char> out,
+                                 const std::string& describe) {
+  if (completion.payload_bytes() == out.size() && completion.data().empty()) return absl::OkStatus();
+  if (completion.data().size() != out.size()) {
+    return absl::InternalError(absl::StrCat("flagos: flagosd returned ", completion.data().size(),
+                                            " bytes for a copy of ", out.size(), " bytes (",
+                                            describe, ")"));
+  }
+  std::memcpy(out.data(), completion.data().data(), out.size());
+  return absl::OkStatus();
+}
+
 void LogOnce(const std::string& message) {
   static std::atomic<bool> logged{false};
   if (!logged.exchange(true)) fprintf(stderr, "%s\n", message.c_str());
@@ -492,16 +507,7 @@ absl::Status SessionConnection::RawCopyOnSyncChannel(int device, uint64_t stream
     if (!upload) into = absl::Span<char>(host + piece.done, piece.n);
     absl::StatusOr<v1::Completion> reply = FinishOnSyncChannel(piece.seq, piece.sent, into);
     absl::Status status = reply.status();
-    if (status.ok() && !upload && !(reply->payload_bytes() == piece.n && reply->data().empty())) {
-      // Not raw after all: the bytes are in the message.
-      if (reply->data().size() == piece.n) {
-        std::memcpy(host + piece.done, reply->data().data(), piece.n);
-      } else {
-        status = absl::InternalError(absl::StrCat("flagos: flagosd returned ",
-                                                  reply->data().size(), " bytes for a copy of ",
-                                                  piece.n, " bytes (", describe, ")"));
-      }
-    }
+    if (status.ok() && !upload) status = TakeDownloadedBytes(*reply, into, describe);
     if (!status.ok() && first_error.ok()) first_error = status;
   };
   for (uint64_t done = 0; done < nbytes && first_error.ok();) {
@@ -616,8 +622,8 @@ absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst,
   // A fresh destination (the tensor `.cpu()` allocates) faults in 2 MiB
   // pages rather than 4 KiB ones.
   hostcopy::PrepareDestination(out, nbytes);
-  if (staging_ == nullptr && sync_raw_payloads_ && nbytes > kRawPieceBytes) {
-    // A TCP session's bulk download: raw on the sync channel, pipelined.
+  if (staging_ == nullptr && sync_raw_payloads_) {
+    // A TCP session's download: raw on the sync channel, pipelined.
     return RawCopyOnSyncChannel(device, stream, addr, out, nbytes, /*upload=*/false, describe);
   }
   // Waits for the oldest chunk, copies it out and frees it.
@@ -640,22 +646,13 @@ absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst,
     if (staging_ == nullptr) {
       const uint64_t n = std::min(nbytes - done, kMaxCopyChunk);
       copy->set_nbytes(n);
-      absl::StatusOr<v1::Completion> completion =
-          sync_raw_payloads_
-              ? CallOnSyncChannel(std::move(command), describe, {}, absl::Span<char>(out + done, n))
-              : Call(std::move(command), describe);
+      absl::StatusOr<v1::Completion> completion = Call(std::move(command), describe);
       if (!completion.ok()) return completion.status();
-      if (completion->payload_bytes() == n && completion->data().empty()) {
-        done += n;  // read straight into `out`
-        continue;
+      if (absl::Status s = TakeDownloadedBytes(*completion, absl::Span<char>(out + done, n),
+                                               describe);
+          !s.ok()) {
+        return s;
       }
-      if (completion->data().size() != n) {
-        return absl::InternalError(absl::StrCat("flagos: flagosd returned ",
-                                                completion->data().size(),
-                                                " bytes for a copy of ", n, " bytes (", describe,
-                                                ")"));
-      }
-      std::memcpy(out + done, completion->data().data(), n);
       done += n;
       continue;
     }

@@ -26,7 +26,7 @@ void SyncChannel::Start(int fd, Handler handle, bool raw_payloads) {
     return;
   }
   fd_ = fd;
-  raw_payloads_ = raw_payloads;
+  raw_payloads_.store(raw_payloads, std::memory_order_relaxed);
   thread_ = std::thread(&SyncChannel::Loop, this, std::move(handle));
 }
 
@@ -79,7 +79,7 @@ bool SyncChannel::Answer(v1::Completion& completion, OwnedBytes* payload) {
 
 void SyncChannel::Write(v1::Completion completion, OwnedBytes payload) {
   completion.set_errors_before(errors_sent_.load());
-  if (raw_payloads_) {
+  if (raw_payloads_.load(std::memory_order_relaxed)) {
     // The bytes go raw after the frame: neither end copies them through
     // the message.
     if (payload.empty() && !completion.data().empty()) {
@@ -97,7 +97,11 @@ void SyncChannel::Write(v1::Completion completion, OwnedBytes payload) {
 }
 
 void SyncChannel::RecyclePayload(std::string bytes) {
-  if (bytes.size() < kMinPooledPayloadBytes) return;
+  // Only raw uploads are read into pooled buffers: a session whose uploads
+  // come inline on its stream keeps none.
+  if (!raw_payloads_.load(std::memory_order_relaxed) || bytes.size() < kMinPooledPayloadBytes) {
+    return;
+  }
   absl::MutexLock lock(&pool_mu_);
   if (pool_.size() < kMaxPooledPayloads) pool_.push_back(std::move(bytes));
 }

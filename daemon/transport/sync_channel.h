@@ -88,10 +88,10 @@ class SyncChannel {
   // the reply's bytes, when given); false when it belongs on the session
   // stream (an error one is counted: errors_before).
   bool Answer(v1::Completion& completion, OwnedBytes* payload = nullptr);
-  // Gives back an upload's bytes once the device has read them: the next
-  // raw payloads are read into them (no zero fill, no fresh pages) while
-  // fewer than kMaxPooledPayloads of at least kMinPooledPayloadBytes are
-  // kept; freed otherwise.
+  // Gives back an upload's bytes once the device has read them: on a
+  // channel with raw payloads the next ones are read into them (no zero
+  // fill, no fresh pages) while fewer than kMaxPooledPayloads of at least
+  // kMinPooledPayloadBytes are kept; freed otherwise.
   void RecyclePayload(std::string bytes);
   // Sends `completion` on the channel without blocking, with the count of
   // error completions sent on the session stream before it. Its bytes —
@@ -115,7 +115,9 @@ class SyncChannel {
   // Set once, under mu_, before the thread starts; the thread and Write (for
   // a command the thread dispatched) read them without the lock.
   int fd_ = -1;
-  bool raw_payloads_ = false;
+  // Atomic as well: RecyclePayload reads it for any upload, one that came
+  // on the stream while the channel was starting included.
+  std::atomic<bool> raw_payloads_{false};
   std::thread thread_ ABSL_GUARDED_BY(mu_);
   absl::Mutex pool_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<std::string> pool_ ABSL_GUARDED_BY(pool_mu_);
