@@ -149,11 +149,16 @@ class HealthCheckTest : public ::testing::Test {
     return *health_;
   }
 
-  // Occupies every worker of device `d`'s pool until `release` is notified.
-  void WedgePool(int d, absl::Notification* release) {
+  // Occupies every worker of device `d`'s pool until the returned
+  // notification is notified. The jobs share it: a worker may still be
+  // returning from WaitForNotification after the test body has ended (seen
+  // under ctest -j2: "Mutex unlocked when destroyed" on a stack notification).
+  std::shared_ptr<absl::Notification> WedgePool(int d) {
+    auto release = std::make_shared<absl::Notification>();
     for (int i = 0; i < kWorkers; ++i) {
       pools_[d]->Schedule([release] { release->WaitForNotification(); });
     }
+    return release;
   }
 
   std::unique_ptr<FaultyRuntime> runtime_;  // outlives the pools and the check
@@ -173,8 +178,7 @@ TEST_F(HealthCheckTest, PassesWhenEveryDeviceCompletesItsProbeAndTheListenerAnsw
 
 TEST_F(HealthCheckTest, ReportsAWedgedWorkerPoolNamingItsDevice) {
   HealthCheck& health = Health();
-  absl::Notification release;
-  WedgePool(1, &release);
+  const std::shared_ptr<absl::Notification> release = WedgePool(1);
   for (int check = 0; check < 3; ++check) {
     const absl::Status status = health.Check(kShort);
     EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
@@ -191,7 +195,7 @@ TEST_F(HealthCheckTest, ReportsAWedgedWorkerPoolNamingItsDevice) {
     if (attempt->device() == 1) queued = attempt;
   }
   ASSERT_NE(queued, nullptr);
-  release.Notify();
+  release->Notify();
   ASSERT_TRUE(queued->WaitUntil(absl::Now() + kLong));
   EXPECT_TRUE(queued->status().ok()) << queued->status();
   // Three failed checks queued one probe on the wedged pool, not three.
