@@ -22,6 +22,8 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from driver import DaemonHandle, Sweeper, signal_name  # noqa: E402
+sys.path.append(str(HERE.parent / "python"))
+from flagos_test_env import is_xdist_controller  # noqa: E402
 from families import MIXED_SUBSET_MAX_SAMPLES, MODULE_SUBSET_MAX_SAMPLES  # noqa: E402
 
 SUBSET_MAX_SAMPLES = 8  # as scripts/op-sweep
@@ -33,7 +35,7 @@ _daemon: DaemonHandle | None = None
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     global _daemon
-    if _daemon is not None:
+    if _daemon is not None or is_xdist_controller(config):
         return
     try:
         _daemon = DaemonHandle(os.environ.get("FLAGOS_ENDPOINT") or None)
@@ -50,7 +52,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _daemon = None
 
 
-@pytest.fixture(scope="session")
+# Each sweeper serves one file and is module-scoped: its worker process holds
+# a session on the run's daemon, which ends with its file (under pytest -n a
+# worker runs its files one after another in any order, and
+# tests/python/test_isolation.py needs the daemon to itself).
+@pytest.fixture(scope="module")
 def sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper]:
     """Runs OpInfo entries against the run's flagosd, at most SUBSET_MAX_SAMPLES samples each."""
     assert _daemon is not None
@@ -59,7 +65,7 @@ def sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper]:
     s.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def module_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper]:
     """Runs ModuleInfo entries against the run's flagosd, at most MODULE_SUBSET_MAX_SAMPLES samples each."""
     assert _daemon is not None
@@ -69,7 +75,7 @@ def module_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper
     s.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mixed_sweeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweeper]:
     """Runs OpInfo entries of the mixed-operand sweep against the run's flagosd."""
     assert _daemon is not None

@@ -3,7 +3,10 @@
 pytest_configure starts build/bin/flagosd (CPU backend, 2 devices of 1 GiB)
 on a Unix socket in a temporary directory and sets FLAGOS_ENDPOINT before
 any test imports torch_fl. pytest_sessionfinish stops it with SIGTERM and
-fails the run if it does not exit 0.
+fails the run if it does not exit 0. Under `pytest -n N` (pytest-xdist, as
+scripts/test runs it) each worker has a daemon of its own and the process
+that hands out the tests none. A failed test's report ends with its daemon's
+log.
 
 FLAGOS_DAEMON overrides the daemon binary (default: <repo>/build/bin/flagosd).
 
@@ -30,7 +33,8 @@ import pytest
 
 # Importable also when this file is loaded by path (tests/opinfo/driver.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flagos_test_env import REPO, fake_xpu_env, parse_bytes, run_backend  # noqa: E402
+from flagos_test_env import (REPO, fake_xpu_env, is_xdist_controller, parse_bytes,  # noqa: E402
+                             run_backend)
 
 PLUGIN_DIR = REPO / "plugin"
 READY_TIMEOUT_S = 20.0
@@ -159,6 +163,8 @@ _main_workdir: tempfile.TemporaryDirectory[str] | None = None
 
 def pytest_configure(config: pytest.Config) -> None:
     global _main_daemon, _main_workdir
+    if is_xdist_controller(config):
+        return
     binary = flagosd_path()
     if not binary.is_file():
         pytest.exit(f"no flagosd at {binary}: build it with scripts/build", returncode=4)
@@ -191,18 +197,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """After failures, the end of the run's daemon log (daemon-side errors are there)."""
-    if not (terminalreporter.stats.get("failed") or terminalreporter.stats.get("error")):
-        return
-    if _main_workdir is None:
-        return
-    log_path = Path(_main_workdir.name) / "flagosd.log"
-    if log_path.is_file():
-        lines = log_path.read_text(errors="replace").splitlines()[-40:]
-        terminalreporter.section("flagosd log (last 40 lines)")
-        for line in lines:
-            terminalreporter.write_line(line)
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test's report ends with the last 40 lines of the run's daemon log
+    (daemon-side errors are there; under pytest -n, each worker has its own daemon)."""
+    report = yield
+    if report.failed and _main_daemon is not None:
+        lines = _main_daemon.log().splitlines()[-40:]
+        if lines:
+            report.sections.append(("flagosd log (last 40 lines)", "\n".join(lines)))
+    return report
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

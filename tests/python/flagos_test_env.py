@@ -53,6 +53,12 @@ def free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
+def is_xdist_controller(config) -> bool:
+    """True in the process of `pytest -n N` (pytest-xdist) that only hands tests
+    to its workers: it runs none, so it starts no flagosd; each worker starts its own."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
 def project_version() -> str:
     """The version CMakeLists.txt gives the project (`project(flagos VERSION x.y.z ...)`)."""
     match = re.search(r"project\(flagos VERSION ([0-9.]+)", (REPO / "CMakeLists.txt").read_text())
