@@ -181,20 +181,41 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# What the workers' daemons did wrong at their stop (pytest -n: collected
+# in the controlling process, which fails the run with them).
+_workers_daemon_failures: list[str] = []
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     global _main_daemon
+    for failure in _workers_daemon_failures:
+        sys.stderr.write(failure)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if _main_daemon is None:
         return
     daemon, _main_daemon = _main_daemon, None
     code = daemon.stop()
     if code != 0:
         what = "did not exit within 15 s of SIGTERM" if code is None else f"exited with {code}"
-        sys.stderr.write(
-            f"\nFAILED: the test flagosd {what} on SIGTERM (expected 0). Its log:\n"
-            f"{daemon.log()[-4000:]}\n"
-        )
+        failure = (f"\nFAILED: the test flagosd {what} on SIGTERM (expected 0). Its log:\n"
+                   f"{daemon.log()[-4000:]}\n")
+        sys.stderr.write(failure)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        # A pytest-xdist worker's exit status does not reach the controlling
+        # process (it counts test reports): the failure travels in the
+        # worker's output, to pytest_testnodedown below.
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput["flagosd_failure"] = failure
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist, in the controlling process: a worker finished (or died)."""
+    failure = getattr(node, "workeroutput", {}).get("flagosd_failure")
+    if failure:
+        _workers_daemon_failures.append(f"\n[worker {node.gateway.id}]{failure}")
 
 
 @pytest.hookimpl(wrapper=True)
