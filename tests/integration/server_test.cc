@@ -918,6 +918,11 @@ TEST_F(ServerTest, StreamsThatNeverOpenAreBoundedAndCancelled) {
   RawSession served(stub_.get());
   served.Open();
   EXPECT_NE(served.AllocateOk(64), 0u);
+  // A cancelled stream's ticket is returned when its server thread sees the
+  // cancel, which may be after its client did (under load: ASan, ctest -j2).
+  for (int i = 0; i < 500 && server_->pending_opens() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ(server_->pending_opens(), 0u);
 }
 
