@@ -110,13 +110,25 @@ int NllLossBackward(Invocation& c) {
 // ---- convolution, normalisation, pooling, embedding, activations
 // convolution(input, weight, bias?, stride, padding, dilation, transposed,
 // output_padding, groups)
+// The binding takes 2-d convolutions (NCHW input, 4-d weight), the shape
+// the xdnn_pytorch contract it is built against describes; a 1-d or 3-d one
+// (nn.Conv1d: the 3-d input aten::convolution is called with) is declined
+// and runs on cpu_fallback instead of failing with INVALID_PARAM.
+void DeclineAllButTwoD(const xdnn_pytorch::Tensor& input, const xdnn_pytorch::Tensor& weight) {
+  if (input.sizes.size() != 4 || weight.sizes.size() != 4) {
+    throw Decline{"a convolution that is not 2-d (input of " + std::to_string(input.sizes.size()) +
+                  " dimensions)"};
+  }
+}
 int Convolution(Invocation& c) {
+  DeclineAllButTwoD(c.Tensor(0), c.Tensor(1));
   return XDNN_CALL(c, convolution, c.Tensor(0), c.Tensor(1), c.OptionalTensor(2), c.Ints(3),
                    c.Ints(4), c.Ints(5), c.Bool(6), c.Ints(7), c.Int(8), c.Out(0));
 }
 // convolution_backward(grad_output, input, weight, bias_sizes?, stride,
 // padding, dilation, transposed, output_padding, groups, output_mask)
 int ConvolutionBackward(Invocation& c) {
+  DeclineAllButTwoD(c.Tensor(1), c.Tensor(2));
   return XDNN_CALL(c, convolution_backward, c.Tensor(0), c.Tensor(1), c.Tensor(2), c.Ints(4),
                    c.Ints(5), c.Ints(6), c.Bool(7), c.Ints(8), c.Int(9), c.Bools(10), c.Out(0),
                    c.Out(1), c.Out(2));
