@@ -31,9 +31,8 @@ wait $pid
 """)
     daemon.chmod(0o755)
     (tmp_path / "test_passes.py").write_text("def test_passes():\n    pass\n")
-    env = dict(os.environ, FLAGOS_DAEMON=str(daemon),
-               PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "python"),
-                                           os.environ.get("PYTHONPATH", "")]))
+    python_path = [str(REPO / "tests" / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, FLAGOS_DAEMON=str(daemon), PYTHONPATH=os.pathsep.join(python_path))
     env.pop("FLAGOS_ENDPOINT", None)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,

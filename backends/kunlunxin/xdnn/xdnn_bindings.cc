@@ -121,15 +121,19 @@ void DeclineAllButTwoD(const xdnn_pytorch::Tensor& input, const xdnn_pytorch::Te
   }
 }
 int Convolution(Invocation& c) {
-  DeclineAllButTwoD(c.Tensor(0), c.Tensor(1));
-  return XDNN_CALL(c, convolution, c.Tensor(0), c.Tensor(1), c.OptionalTensor(2), c.Ints(3),
-                   c.Ints(4), c.Ints(5), c.Bool(6), c.Ints(7), c.Int(8), c.Out(0));
+  const xdnn_pytorch::Tensor input = c.Tensor(0);
+  const xdnn_pytorch::Tensor weight = c.Tensor(1);
+  DeclineAllButTwoD(input, weight);
+  return XDNN_CALL(c, convolution, input, weight, c.OptionalTensor(2), c.Ints(3), c.Ints(4),
+                   c.Ints(5), c.Bool(6), c.Ints(7), c.Int(8), c.Out(0));
 }
 // convolution_backward(grad_output, input, weight, bias_sizes?, stride,
 // padding, dilation, transposed, output_padding, groups, output_mask)
 int ConvolutionBackward(Invocation& c) {
-  DeclineAllButTwoD(c.Tensor(1), c.Tensor(2));
-  return XDNN_CALL(c, convolution_backward, c.Tensor(0), c.Tensor(1), c.Tensor(2), c.Ints(4),
+  const xdnn_pytorch::Tensor input = c.Tensor(1);
+  const xdnn_pytorch::Tensor weight = c.Tensor(2);
+  DeclineAllButTwoD(input, weight);
+  return XDNN_CALL(c, convolution_backward, c.Tensor(0), input, weight, c.Ints(4),
                    c.Ints(5), c.Ints(6), c.Bool(7), c.Ints(8), c.Int(9), c.Bools(10), c.Out(0),
                    c.Out(1), c.Out(2));
 }
