@@ -8,10 +8,10 @@ namespace flagos::client {
 
 CommandDescriptions::CommandDescriptions() : ring_(kCapacity) {}
 
-void CommandDescriptions::Record(uint64_t seq, std::string describe) {
+void CommandDescriptions::Record(uint64_t seq, absl::string_view describe) {
   Entry& entry = ring_[seq % kCapacity];
   entry.seq = seq;
-  entry.describe = std::move(describe);
+  entry.describe.assign(describe.data(), describe.size());
 }
 
 std::string CommandDescriptions::Describe(uint64_t seq) const {

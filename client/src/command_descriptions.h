@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 namespace flagos::client {
 
 class CommandDescriptions {
@@ -23,7 +25,9 @@ class CommandDescriptions {
   CommandDescriptions();
 
   // Remembers `describe` for `seq`, forgetting seq - kCapacity.
-  void Record(uint64_t seq, std::string describe);
+  // The slot's string keeps its capacity: recording costs no allocation once
+  // the ring has held descriptions as long.
+  void Record(uint64_t seq, absl::string_view describe);
 
   // The description recorded for `seq`, or "command <seq>" when it was never
   // recorded, was empty, or has been forgotten.

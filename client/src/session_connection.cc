@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "flagos/hostcopy/bulk_copy.h"
 #include "flagos/v1/wire.h"
 #include "attach_socket.h"
@@ -84,9 +85,11 @@ v1::Command SyncMarker(int device) {
 
 }  // namespace
 
-SessionConnection::SessionConnection(std::string endpoint, std::unique_ptr<v1::Flagos::Stub> stub,
+SessionConnection::SessionConnection(std::string endpoint, std::shared_ptr<grpc::Channel> channel,
+                                     std::unique_ptr<v1::Flagos::Stub> stub,
                                      v1::NegotiateResponse info, ConnectionOptions options)
     : endpoint_(std::move(endpoint)),
+      channel_(std::move(channel)),
       stub_(std::move(stub)),
       info_(std::move(info)),
       options_(options) {}
@@ -98,7 +101,15 @@ absl::Status SessionConnection::OpenSession(const std::string& client_name, absl
   // metadata leaves with `open`, written by the reader thread, so that a
   // cancel at the deadline unblocks every step of the handshake.
   context_.set_initial_metadata_corked(true);
-  stream_ = stub_->Session(&context_);
+  // The Session method as the generated stub calls it, but writing
+  // serialized ClientMessages: batches are encoded as their commands are
+  // enqueued (EncodedBatch).
+  static const std::string* const kSessionMethod =
+      new std::string(absl::StrCat("/", v1::Flagos::service_full_name(), "/Session"));
+  const grpc::internal::RpcMethod session_method(
+      kSessionMethod->c_str(), grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
+  stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::ServerMessage>::
+                    Create(channel_.get(), session_method, &context_));
   v1::ClientMessage open;
   v1::SessionOpen* request = open.mutable_open();
   request->set_version(info_.version());
@@ -151,7 +162,10 @@ void SessionConnection::ReadLoop(v1::ClientMessage open) {
   bool open_sent;
   {
     absl::MutexLock write_lock(&write_mu_);
-    open_sent = stream_->Write(open);
+    grpc::ByteBuffer bytes;
+    bool own = false;
+    open_sent = grpc::SerializationTraits<v1::ClientMessage>::Serialize(open, &bytes, &own).ok() &&
+                stream_->Write(bytes);
   }
   if (open_sent) {
     v1::ServerMessage message;
@@ -249,7 +263,7 @@ void SessionConnection::FlushLoop() {
     {
       absl::MutexLock lock(&mu_);
       if (closing_ || !session_end_.ok()) return;
-      pending = pending_.commands_size() > 0;
+      pending = pending_.commands() > 0;
       batch = batches_sent_;
       since = pending_since_;
     }
@@ -259,7 +273,7 @@ void SessionConnection::FlushLoop() {
       flusher_idle_.store(true);
       {
         absl::MutexLock lock(&mu_);
-        if (closing_ || !session_end_.ok() || pending_.commands_size() > 0) {
+        if (closing_ || !session_end_.ok() || pending_.commands() > 0) {
           flusher_idle_.store(false);
           continue;
         }
@@ -284,7 +298,7 @@ void SessionConnection::FlushLoop() {
     bool send;
     {
       absl::MutexLock lock(&mu_);
-      send = batches_sent_ == batch && pending_.commands_size() > 0 && pending_since_ == since;
+      send = batches_sent_ == batch && pending_.commands() > 0 && pending_since_ == since;
     }
     if (send) SendPendingLocked().IgnoreError();
   }
@@ -295,59 +309,81 @@ void SessionConnection::WakeFlusher() {
   flush_wake_ = true;
 }
 
-uint64_t SessionConnection::AppendLocked(v1::Command command, std::string describe) {
+uint64_t SessionConnection::NextSeqLocked(absl::string_view describe) {
   const uint64_t seq = next_seq_++;
-  command.set_seq(seq);
   last_stream_seq_ = seq;
-  if (pending_.commands_size() == 0) pending_since_ = absl::Now();
+  if (pending_.commands() == 0) pending_since_ = absl::Now();
+  descriptions_.Record(seq, describe);
+  return seq;
+}
+
+uint64_t SessionConnection::AppendLocked(const v1::Command& command, absl::string_view describe) {
+  const uint64_t seq = NextSeqLocked(describe);
   if (command.kind_case() == v1::Command::kCopyToDevice) {
     pending_bytes_ += command.copy_to_device().data().size();
     pending_staged_bytes_ += command.copy_to_device().staged().nbytes();
   }
-  descriptions_.Record(seq, std::move(describe));
-  pending_.mutable_commands()->Add(std::move(command));
+  pending_.Append(command, seq);
   return seq;
 }
 
 bool SessionConnection::BatchFullLocked() const {
-  return pending_.commands_size() >= kMaxBatchCommands || pending_bytes_ >= kMaxBatchBytes ||
+  return pending_.commands() >= kMaxBatchCommands || pending_bytes_ >= kMaxBatchBytes ||
          pending_staged_bytes_ >= kMaxBatchStagedBytes;
 }
 
 absl::Status SessionConnection::SendPendingLocked() {
+  grpc::ByteBuffer outgoing;
   {
     absl::MutexLock lock(&mu_);
-    if (!session_end_.ok() || pending_.commands_size() == 0) return session_end_;
-    outgoing_.mutable_batch()->Swap(&pending_);
+    if (!session_end_.ok() || pending_.commands() == 0) return session_end_;
+    outgoing = pending_.Take();
     pending_bytes_ = 0;
     pending_staged_bytes_ = 0;
     ++batches_sent_;
   }
   // Between Finish (reader thread) and session_end_ being set.
   const bool sendable = !stream_ended_ && !writes_done_;
-  const bool written = sendable && stream_->Write(outgoing_);
-  // Cleared elements stay allocated and are reused by the next batch.
-  outgoing_.mutable_batch()->mutable_commands()->Clear();
+  const bool written = sendable && stream_->Write(outgoing);
   if (!written) return SessionEndedError("the stream broke while sending a batch");
   return absl::OkStatus();
 }
 
-uint64_t SessionConnection::Enqueue(v1::Command command, std::string describe) {
+uint64_t SessionConnection::Enqueue(const v1::Command& command, absl::string_view describe) {
   uint64_t seq;
   bool full;
   {
     absl::MutexLock lock(&mu_);
     if (closing_ || !session_end_.ok()) return 0;
-    seq = AppendLocked(std::move(command), std::move(describe));
+    seq = AppendLocked(command, describe);
     full = BatchFullLocked();
   }
+  AfterAppend(full);
+  return seq;
+}
+
+uint64_t SessionConnection::EnqueueSerialized(absl::string_view command,
+                                              absl::string_view describe) {
+  uint64_t seq;
+  bool full;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_ || !session_end_.ok()) return 0;
+    seq = NextSeqLocked(describe);
+    pending_.AppendSerialized(command, seq);
+    full = BatchFullLocked();
+  }
+  AfterAppend(full);
+  return seq;
+}
+
+void SessionConnection::AfterAppend(bool full) {
   if (!full && flusher_idle_.load()) WakeFlusher();
   if (full) {
     absl::MutexLock write_lock(&write_mu_);
     // A broken stream is reported by the next synchronous call.
     SendPendingLocked().IgnoreError();
   }
-  return seq;
 }
 
 absl::StatusOr<uint64_t> SessionConnection::Submit(v1::Command command, std::string describe) {
@@ -359,12 +395,12 @@ absl::StatusOr<uint64_t> SessionConnection::Submit(v1::Command command, std::str
     if (!usable.ok()) return usable;
     if (!v1::OwesReply(command)) {
       std::string marker_describe = absl::StrCat("synchronize after ", describe);
-      AppendLocked(std::move(command), std::move(describe));
+      AppendLocked(command, describe);
       command = SyncMarker(-1);
       describe = std::move(marker_describe);
     }
     // Registered before the batch leaves, so the answer cannot be missed.
-    seq = AppendLocked(std::move(command), std::move(describe));
+    seq = AppendLocked(command, describe);
     waiters_.Register(seq, slot.get());
     submitted_.emplace(seq, std::move(slot));
   }
@@ -437,7 +473,7 @@ absl::StatusOr<uint64_t> SessionConnection::SendOnSyncChannel(v1::Command comman
     descriptions_.Record(seq, std::move(describe));
     // The daemon runs the command after every command sent before it.
     request.set_after_seq(last_stream_seq_);
-    flush = pending_.commands_size() > 0;
+    flush = pending_.commands() > 0;
   }
   if (flush) {
     absl::MutexLock write_lock(&write_mu_);

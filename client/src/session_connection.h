@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "command_descriptions.h"
 #include "completion_waiters.h"
+#include "encoded_batch.h"
 #include "pinned_region.h"
 #include "staging_region.h"
 #include "sync_channel.h"
@@ -36,15 +37,20 @@
 #include "flagos/v1/flagos.grpc.pb.h"
 #include "flagos/v1/flagos.pb.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
 
 namespace flagos::client {
 
 class SessionConnection final : public Connection {
  public:
-  // `info` is the daemon's answer to Negotiate; the session is not open yet.
-  SessionConnection(std::string endpoint, std::unique_ptr<v1::Flagos::Stub> stub,
-                    v1::NegotiateResponse info, ConnectionOptions options);
+  // `info` is the daemon's answer to Negotiate over `channel` (which `stub`
+  // uses); the session is not open yet.
+  SessionConnection(std::string endpoint, std::shared_ptr<grpc::Channel> channel,
+                    std::unique_ptr<v1::Flagos::Stub> stub, v1::NegotiateResponse info,
+                    ConnectionOptions options);
   ~SessionConnection() override;
 
   SessionConnection(const SessionConnection&) = delete;
@@ -60,7 +66,8 @@ class SessionConnection final : public Connection {
   const v1::NegotiateResponse& info() const override { return info_; }
   uint64_t session_id() const override;
 
-  uint64_t Enqueue(v1::Command command, std::string describe) override;
+  uint64_t Enqueue(const v1::Command& command, absl::string_view describe) override;
+  uint64_t EnqueueSerialized(absl::string_view command, absl::string_view describe) override;
   absl::StatusOr<v1::Completion> Call(v1::Command command, std::string describe) override;
   absl::StatusOr<uint64_t> Submit(v1::Command command, std::string describe) override;
   absl::StatusOr<v1::Completion> Await(uint64_t ticket) override;
@@ -133,9 +140,14 @@ class SessionConnection final : public Connection {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Handles one Completion from the daemon.
   void DeliverLocked(v1::Completion* completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next seq, for a command about to join the pending batch: recorded
+  // as the batch's last, with `describe`.
+  uint64_t NextSeqLocked(absl::string_view describe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Assigns the seq, records `describe`, appends to the pending batch.
-  uint64_t AppendLocked(v1::Command command, std::string describe)
+  uint64_t AppendLocked(const v1::Command& command, absl::string_view describe)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueue's tail: sends the batch if it is full, else wakes an idle flusher.
+  void AfterAppend(bool full);
   bool BatchFullLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the pending batch, if any, as one ClientMessage.
   absl::Status SendPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
@@ -148,13 +160,15 @@ class SessionConnection final : public Connection {
 
   // Constant after construction.
   const std::string endpoint_;
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Flagos::Stub> stub_;
   const v1::NegotiateResponse info_;
   const ConnectionOptions options_;
 
   // Set by OpenSession before the reader thread starts; constant afterwards.
   grpc::ClientContext context_;  // TryCancel is thread-safe
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
+  // Writes serialized ClientMessages (EncodedBatch); reads ServerMessages.
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, v1::ServerMessage>> stream_;
   std::thread reader_;
   std::thread flusher_;
   // Set by OpenSession when the daemon accepted the region; constant after.
@@ -178,13 +192,12 @@ class SessionConnection final : public Connection {
   bool close_finished_ ABSL_GUARDED_BY(close_mu_) = false;
 
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  v1::ClientMessage outgoing_ ABSL_GUARDED_BY(write_mu_);
   bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;   // WritesDone was called
   bool stream_ended_ ABSL_GUARDED_BY(write_mu_) = false;  // Finish was called
 
   mutable absl::Mutex mu_;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  v1::CommandBatch pending_ ABSL_GUARDED_BY(mu_);
+  EncodedBatch pending_ ABSL_GUARDED_BY(mu_);
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pending_staged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The seq of the last command appended to a batch (sync-channel commands

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <vector>
 
+#include "command_arena.h"
 #include "copy.h"
 #include "fallback.h"
 #include "generator.h"
@@ -121,17 +122,17 @@ at::Tensor MakeView(const at::Tensor& base, const TensorMeta& m) {
   return view;
 }
 
+// A new output for `m` (undefined when the kernel leaves it so), appended to
+// the call's `outputs` (OpCall.outputs, in order).
 at::Tensor AllocateOutput(const TensorMeta& m, int device,
-                          google::protobuf::RepeatedPtrField<flagos::v1::TensorRef>* refs) {
-  flagos::v1::TensorRef* ref = refs->Add();
-  if (!m.defined) {
-    ref->set_undefined(true);
-    return at::Tensor();
+                          c10::SmallVectorImpl<at::Tensor>* outputs) {
+  at::Tensor out;
+  if (m.defined) {
+    out = at::empty_strided(
+        m.sizes, m.strides,
+        at::TensorOptions().dtype(m.dtype).device(kFlagos, static_cast<c10::DeviceIndex>(device)));
   }
-  at::Tensor out = at::empty_strided(
-      m.sizes, m.strides,
-      at::TensorOptions().dtype(m.dtype).device(kFlagos, static_cast<c10::DeviceIndex>(device)));
-  EncodeTensorRef(out, ref);
+  outputs->push_back(out);
   return out;
 }
 
@@ -201,6 +202,36 @@ void EncodeOpCall(const OpTraits& traits, int device, Args args, flagos::v1::Com
   }
 }
 
+// Enqueues the asynchronous call as its wire bytes (OpCallWire) and returns
+// true when every argument is of a kind the wire writer takes and no graph
+// capture runs; false, sending nothing, otherwise.
+bool EnqueueOnWire(const OpTraits& traits, int device, Args args,
+                   c10::ArrayRef<at::Tensor> outputs, uint64_t generation) {
+  // A random op draws from a generator, whose state EncodeGenerator sends.
+  if (traits.nondeterministic_seeded) return false;
+  thread_local OpCallWire wire;
+  wire.Clear();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (traits.generator[i] || !AddWireArg(args[i], &wire)) return false;
+  }
+  for (const at::Tensor& t : outputs) wire.AddOutput(TensorRefFieldsOf(t));
+  return EnqueueOpCallWire(device, OpIdOf(traits), wire, traits.describe, generation);
+}
+
+// Enqueues the asynchronous call: straight as wire bytes where it can, else
+// as a Command built on an arena in this frame (CommandArena: no heap
+// allocation or destruction per message), which Enqueue serializes.
+void EnqueueCall(const OpTraits& traits, int device, Args args,
+                 c10::ArrayRef<at::Tensor> outputs, uint64_t generation) {
+  if (EnqueueOnWire(traits, device, args, outputs, generation)) return;
+  CommandArena arena;
+  flagos::v1::Command& command = arena.NewCommand();
+  auto* refs = command.mutable_op()->mutable_outputs();
+  for (const at::Tensor& t : outputs) EncodeTensorRef(t, refs->Add());
+  EncodeOpCall(traits, device, args, &command);
+  Enqueue(command, traits.describe, std::nullopt, generation);
+}
+
 // One value per return, in schema order.
 using Results = c10::SmallVectorImpl<c10::IValue>;
 
@@ -214,8 +245,7 @@ void RunInferred(const c10::OperatorHandle& op, const OpTraits& traits, int devi
     if (!inferred.written[i].empty()) ApplyMetadata(args[i], inferred.written[i]);
   }
   const uint64_t generation = CurrentGeneration();  // before any address is encoded
-  flagos::v1::Command command;
-  auto* outputs = command.mutable_op()->mutable_outputs();
+  c10::SmallVector<at::Tensor, 2> outputs;
   const size_t nreturns = traits.returns.size();
   for (size_t j = 0; j < nreturns; ++j) {
     const OpTraits::Return& ret = traits.returns[j];
@@ -231,8 +261,8 @@ void RunInferred(const c10::OperatorHandle& op, const OpTraits& traits, int devi
       if (ret.kind == OpTraits::ReturnKind::kView) {
         results->push_back(MakeView(args[Aliased(op, traits, j)].toTensor(), m));
       } else {
-        at::Tensor first = AllocateOutput(m, device, outputs);
-        for (size_t k = 1; k < metas.size(); ++k) AllocateOutput(metas[k], device, outputs);
+        at::Tensor first = AllocateOutput(m, device, &outputs);
+        for (size_t k = 1; k < metas.size(); ++k) AllocateOutput(metas[k], device, &outputs);
         results->push_back(std::move(first));
       }
       continue;
@@ -243,14 +273,11 @@ void RunInferred(const c10::OperatorHandle& op, const OpTraits& traits, int devi
       const at::Tensor& base = args[Aliased(op, traits, j)].toTensor();
       for (const TensorMeta& m : metas) tensors.push_back(MakeView(base, m));
     } else {
-      for (const TensorMeta& m : metas) tensors.push_back(AllocateOutput(m, device, outputs));
+      for (const TensorMeta& m : metas) tensors.push_back(AllocateOutput(m, device, &outputs));
     }
     results->push_back(c10::IValue(c10::List<at::Tensor>(std::move(tensors))));
   }
-  if (!traits.pure_view) {
-    EncodeOpCall(traits, device, args, &command);
-    Enqueue(std::move(command), traits.describe, std::nullopt, generation);
-  }
+  if (!traits.pure_view) EnqueueCall(traits, device, args, outputs, generation);
 }
 
 // Runs the call on the daemon and waits for its results (one per return;

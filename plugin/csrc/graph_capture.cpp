@@ -74,7 +74,7 @@ bool CurrentStreamCapturing(int device) {
   return FindLocked(device, stream) != nullptr;
 }
 
-bool TakeIntoCapture(flagos::v1::Command& command, const std::string& describe) {
+bool TakeIntoCapture(flagos::v1::Command& command, absl::string_view describe) {
   if (!AnyCapture()) return false;
   std::lock_guard<std::mutex> lock(Running().mu);
   Capture* capture = FindLocked(command.device(), command.stream());
@@ -100,7 +100,7 @@ bool TakeIntoCapture(flagos::v1::Command& command, const std::string& describe) 
       "work the host waits for are not captured); move it before capture_begin or after "
       "capture_end");
   capture->commands.push_back(command);
-  capture->described.push_back(describe);
+  capture->described.emplace_back(describe.data(), describe.size());
   return true;
 }
 

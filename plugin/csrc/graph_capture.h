@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "flagos/v1/flagos.pb.h"
 
 namespace torch_fl {
@@ -68,7 +69,7 @@ bool AnyCapture();
 // Takes `command` (its stream set) into the capture running on its
 // (device, stream) and returns true; false when none is (send it). Throws,
 // naming `describe`, for a command a capture cannot hold.
-bool TakeIntoCapture(flagos::v1::Command& command, const std::string& describe);
+bool TakeIntoCapture(flagos::v1::Command& command, absl::string_view describe);
 
 // Throws when `what`, which waits for `device`'s stream `stream` (every
 // stream of the device when nullopt) or needs the host, may not run while

@@ -9,9 +9,13 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <google/protobuf/util/message_differencer.h>
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -23,6 +27,7 @@
 #include "flagos/client/connection.h"
 #include "runtime.h"
 #include "sharing.h"
+#include "tensor_codec.h"
 
 namespace py = pybind11;
 
@@ -195,6 +200,68 @@ void TestBadCommand(const std::string& kind) {
   Call(std::move(command), "test command (" + kind + ")");
 }
 
+// An argument from Python as the dispatcher would box it (a list is an int
+// list only when every element is an int).
+c10::IValue TestArgument(const py::handle& o) {
+  if (o.is_none()) return c10::IValue();
+  if (THPVariable_Check(o.ptr())) return c10::IValue(THPVariable_Unpack(o.ptr()));
+  if (py::isinstance<py::bool_>(o)) return c10::IValue(o.cast<bool>());
+  if (py::isinstance<py::int_>(o)) return c10::IValue(o.cast<int64_t>());
+  if (py::isinstance<py::float_>(o)) return c10::IValue(o.cast<double>());
+  if (PyComplex_Check(o.ptr())) {
+    return c10::IValue(c10::complex<double>(PyComplex_RealAsDouble(o.ptr()),
+                                            PyComplex_ImagAsDouble(o.ptr())));
+  }
+  if (py::isinstance<py::str>(o)) return c10::IValue(o.cast<std::string>());
+  if (py::isinstance<py::list>(o)) {
+    std::vector<int64_t> ints;
+    for (const py::handle& e : o) ints.push_back(e.cast<int64_t>());
+    return c10::IValue(ints);
+  }
+  TORCH_CHECK(false, "_test_op_call_wire: an argument of an unexpected Python type");
+}
+
+// The operator call for `args` and `outputs` encoded both ways: straight as
+// wire bytes (OpCallWire, when it takes every argument) and as the protobuf
+// Command EncodeValue builds. Returns {"wire": whether OpCallWire took it,
+// "equal": whether the wire bytes parse into that Command (seq aside),
+// "identical": whether they are protobuf's own bytes for it, "wire_bytes",
+// "proto_bytes": their sizes, "wire_text", "proto_text"}.
+py::dict TestOpCallWire(const py::list& py_args, const py::list& py_outputs, int device,
+                        uint64_t stream, uint32_t op_id) {
+  std::vector<c10::IValue> args;
+  for (const py::handle& a : py_args) args.push_back(TestArgument(a));
+  std::vector<at::Tensor> outputs;
+  for (const py::handle& o : py_outputs) {
+    outputs.push_back(o.is_none() ? at::Tensor() : THPVariable_Unpack(o.ptr()));
+  }
+  flagos::v1::Command expected;
+  expected.set_device(device);
+  expected.set_stream(stream);
+  expected.mutable_op()->set_op_id(op_id);
+  for (const c10::IValue& a : args) EncodeValue(a, expected.mutable_op()->add_args());
+  for (const at::Tensor& t : outputs) EncodeTensorRef(t, expected.mutable_op()->add_outputs());
+
+  OpCallWire wire;
+  bool taken = true;
+  for (const c10::IValue& a : args) taken = taken && AddWireArg(a, &wire);
+  py::dict result;
+  result["wire"] = taken;
+  result["proto_bytes"] = expected.ByteSizeLong();
+  result["proto_text"] = expected.DebugString();
+  if (!taken) return result;
+  for (const at::Tensor& t : outputs) wire.AddOutput(TensorRefFieldsOf(t));
+  const absl::string_view bytes = wire.Serialize(device, stream, op_id);
+  flagos::v1::Command parsed;
+  const bool parses = parsed.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+  result["equal"] =
+      parses && google::protobuf::util::MessageDifferencer::Equals(parsed, expected);
+  result["wire_bytes"] = bytes.size();
+  result["identical"] = bytes == absl::string_view(expected.SerializeAsString());
+  result["wire_text"] = parsed.DebugString();
+  return result;
+}
+
 py::bytes TestReadDevice(uint64_t addr, uint64_t nbytes, int device) {
   std::string out;
   {
@@ -319,4 +386,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_forwarded_op_count", &ForwardCompositeOps);
   m.def("_test_bad_command", &TestBadCommand, py::call_guard<py::gil_scoped_release>());
   m.def("_test_read_device", &TestReadDevice);
+  m.def("_test_op_call_wire", &TestOpCallWire, py::arg("args"), py::arg("outputs"),
+        py::arg("device"), py::arg("stream"), py::arg("op_id"));
 }

@@ -162,8 +162,7 @@ void EnqueueRegistration(flagos::client::Connection& connection, uint32_t id,
   if (auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(name, overload))) {
     reg->set_schema(c10::toString(handle->schema()));
   }
-  connection.Enqueue(std::move(command),
-                     "register " + (overload.empty() ? name : name + "." + overload));
+  connection.Enqueue(command, "register " + (overload.empty() ? name : name + "." + overload));
 }
 
 }  // namespace
@@ -420,7 +419,7 @@ bool LaunchBlocking() {
   return blocking;
 }
 
-uint64_t Enqueue(flagos::v1::Command command, std::string describe,
+uint64_t Enqueue(flagos::v1::Command& command, absl::string_view describe,
                  std::optional<uint64_t> stream, uint64_t encoded_in) {
   const int device = command.device();
   SetStream(command, stream);
@@ -429,11 +428,22 @@ uint64_t Enqueue(flagos::v1::Command command, std::string describe,
   flagos::client::Connection& session = Session();
   // After Session(): a loss reported meanwhile has moved the generation on.
   if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
-  uint64_t seq = session.Enqueue(std::move(command), std::move(describe));
+  uint64_t seq = session.Enqueue(command, describe);
   // Debugging: every command completes before its call returns, so an
   // asynchronous failure is raised by the call that caused it.
   if (LaunchBlocking()) Synchronize(device);
   return seq;
+}
+
+bool EnqueueOpCallWire(int device, uint32_t op_id, OpCallWire& wire, absl::string_view describe,
+                       uint64_t encoded_in) {
+  if (AnyCapture()) return false;
+  const uint64_t stream = CurrentStream(device);
+  flagos::client::Connection& session = Session();
+  if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
+  session.EnqueueSerialized(wire.Serialize(device, stream, op_id), describe);
+  if (LaunchBlocking()) Synchronize(device);
+  return true;
 }
 
 flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,

@@ -22,7 +22,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "flagos/client/connection.h"
+#include "op_call_wire.h"
 
 namespace torch_fl {
 
@@ -127,8 +129,21 @@ bool LaunchBlocking();
 // `encoded_in`: the CurrentGeneration() taken before the command's
 // addresses were encoded (0: it names no device memory); see
 // CheckGeneration.
-uint64_t Enqueue(flagos::v1::Command command, std::string describe,
+// The command is serialized before Enqueue returns: it may live anywhere (an
+// operator's is built on a protobuf arena on the caller's stack), and Enqueue
+// sets its stream.
+uint64_t Enqueue(flagos::v1::Command& command, absl::string_view describe,
                  std::optional<uint64_t> stream = std::nullopt, uint64_t encoded_in = 0);
+inline uint64_t Enqueue(flagos::v1::Command&& command, absl::string_view describe,
+                        std::optional<uint64_t> stream = std::nullopt, uint64_t encoded_in = 0) {
+  return Enqueue(command, describe, stream, encoded_in);
+}
+// Enqueues the operator call `wire` holds, as Enqueue would the same
+// Command (stream 0: the calling thread's current stream of `device`).
+// Returns false, sending nothing, while a graph capture runs anywhere in the
+// process: the caller then enqueues the Command, which a capture can hold.
+bool EnqueueOpCallWire(int device, uint32_t op_id, OpCallWire& wire, absl::string_view describe,
+                       uint64_t encoded_in);
 flagos::v1::Completion Call(flagos::v1::Command command, std::string describe,
                             std::optional<uint64_t> stream = std::nullopt,
                             uint64_t encoded_in = 0);

@@ -55,21 +55,63 @@ uint64_t ElementAddr(const at::Tensor& t) {
   return StorageAddr(t) + static_cast<uint64_t>(t.storage_offset()) * t.element_size();
 }
 
-void EncodeTensorRef(const at::Tensor& t, flagos::v1::TensorRef* ref) {
+WireTensorRef TensorRefFieldsOf(const at::Tensor& t) {
+  WireTensorRef f;
   if (!t.defined()) {
-    ref->set_undefined(true);
-    return;
+    f.undefined = true;
+    return f;
   }
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
               "flagos: internal: expected a flagos tensor, got one on ", t.device());
-  ref->set_addr(StorageAddr(t));
-  ref->set_storage_offset(t.storage_offset());
-  ref->mutable_sizes()->Add(t.sizes().begin(), t.sizes().end());
-  ref->mutable_strides()->Add(t.strides().begin(), t.strides().end());
-  ref->set_dtype(static_cast<int32_t>(t.scalar_type()));
-  ref->set_device(t.device().index());
-  if (t.is_conj()) ref->set_conj(true);
-  if (t.is_neg()) ref->set_neg(true);
+  f.addr = StorageAddr(t);
+  f.storage_offset = t.storage_offset();
+  f.sizes = absl::MakeConstSpan(t.sizes().data(), t.sizes().size());
+  f.strides = absl::MakeConstSpan(t.strides().data(), t.strides().size());
+  f.dtype = static_cast<int32_t>(t.scalar_type());
+  f.device = t.device().index();
+  f.conj = t.is_conj();
+  f.neg = t.is_neg();
+  return f;
+}
+
+void EncodeTensorRef(const at::Tensor& t, flagos::v1::TensorRef* ref) {
+  const WireTensorRef f = TensorRefFieldsOf(t);
+  if (f.undefined) {
+    ref->set_undefined(true);
+    return;
+  }
+  ref->set_addr(f.addr);
+  ref->set_storage_offset(f.storage_offset);
+  ref->mutable_sizes()->Add(f.sizes.begin(), f.sizes.end());
+  ref->mutable_strides()->Add(f.strides.begin(), f.strides.end());
+  ref->set_dtype(f.dtype);
+  ref->set_device(f.device);
+  if (f.conj) ref->set_conj(true);
+  if (f.neg) ref->set_neg(true);
+}
+
+bool AddWireArg(const c10::IValue& v, OpCallWire* wire) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    // A host tensor travels by value (EncodeValue): not on the wire path.
+    if (t.defined() && t.device().type() != c10::DeviceType::PrivateUse1) return false;
+    wire->AddTensor(TensorRefFieldsOf(t));
+  } else if (v.isNone()) {
+    wire->AddNone();
+  } else if (v.isBool()) {
+    wire->AddBool(v.toBool());
+  } else if (v.isInt()) {
+    wire->AddInt(v.toInt());
+  } else if (v.isDouble()) {
+    wire->AddDouble(v.toDouble());
+  } else if (v.isIntList()) {
+    const c10::List<int64_t> list = v.toIntList();
+    c10::SmallVector<int64_t, 8> values(list.begin(), list.end());
+    wire->AddInts(values);
+  } else {
+    return false;
+  }
+  return true;
 }
 
 void EncodeValue(const c10::IValue& v, flagos::v1::Value* out) {

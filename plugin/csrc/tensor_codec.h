@@ -10,6 +10,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "flagos/v1/flagos.pb.h"
+#include "op_call_wire.h"
 
 namespace torch_fl {
 
@@ -25,7 +26,14 @@ uint64_t StorageAddr(const at::Tensor& t);
 // The device address of `t`'s first element.
 uint64_t ElementAddr(const at::Tensor& t);
 
+// A TensorRef's fields for `t` (undefined, or on a flagos device: anything
+// else throws); its spans point into `t`. EncodeTensorRef writes them.
+WireTensorRef TensorRefFieldsOf(const at::Tensor& t);
 void EncodeTensorRef(const at::Tensor& t, flagos::v1::TensorRef* ref);
+// Adds `value` to `wire` as EncodeValue would encode it and returns true;
+// false, adding nothing, for a kind OpCallWire does not take (the caller
+// then encodes the call with EncodeValue).
+bool AddWireArg(const c10::IValue& value, OpCallWire* wire);
 // Throws c10::Error for argument kinds the protocol cannot carry.
 void EncodeValue(const c10::IValue& value, flagos::v1::Value* out);
 // A result of the synchronous path; host tensors are uploaded to `device`.

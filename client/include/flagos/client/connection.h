@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "flagos/v1/flagos.pb.h"
 
@@ -104,7 +105,10 @@ class Connection {
   // for gRPC to accept a full batch). Returns 0 and drops the command when
   // the connection is closed or the session has ended; the next synchronous
   // call reports why.
-  virtual uint64_t Enqueue(v1::Command command, std::string describe) = 0;
+  virtual uint64_t Enqueue(const v1::Command& command, absl::string_view describe) = 0;
+  // The same for a command given as its serialized bytes (a v1::Command
+  // without seq), as the plugin writes an operator call (OpCallWire).
+  virtual uint64_t EnqueueSerialized(absl::string_view command, absl::string_view describe) = 0;
 
   // Enqueues `command`, flushes, and waits for its Completion. Returns the
   // earliest recorded asynchronous error first if there is one (and clears
