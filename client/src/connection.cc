@@ -35,8 +35,7 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
   absl::StatusOr<v1::NegotiateResponse> info = Negotiate(*stub, endpoint, client_name, deadline);
   if (!info.ok()) return info.status();
   auto connection =
-      std::make_unique<SessionConnection>(endpoint, *channel, std::move(stub), *std::move(info),
-                                          options);
+      std::make_unique<SessionConnection>(endpoint, *channel, *std::move(info), options);
   absl::Status opened = connection->OpenSession(client_name, deadline);
   if (!opened.ok()) return opened;
   return std::unique_ptr<Connection>(std::move(connection));

@@ -2,10 +2,10 @@
 // ClientMessage that will carry them (ClientMessage{batch: CommandBatch}).
 //
 // Each command is serialized once, when it is appended, from whatever
-// memory it was built in (the plugin builds an operator's command on a
-// protobuf arena on its stack): the batch owns no protobuf objects, so
-// sending one destroys none, and a command costs no heap allocation beyond
-// this buffer's growth. The bytes are exactly what serializing the
+// memory it was built in, or appended as the bytes its caller wrote (the
+// plugin writes most operator calls so: plugin/csrc/op_call_wire.h): the
+// batch owns no protobuf objects, so sending one destroys none, and a
+// command costs no heap allocation beyond this buffer's growth. The bytes are exactly what serializing the
 // equivalent v1::ClientMessage would give, except that each command's seq
 // field comes after its other fields (protobuf accepts fields in any
 // order), so the daemon parses them as before.

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <fstream>
 #include <utility>
 
@@ -13,7 +12,6 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
-#include "flagos/hostcopy/bulk_copy.h"
 #include "flagos/v1/wire.h"
 #include "attach_socket.h"
 #include "endpoint.h"
@@ -25,35 +23,9 @@ namespace {
 
 // How long Close waits for the daemon to end the session before cancelling.
 constexpr absl::Duration kCloseGrace = absl::Seconds(2);
-// How long a sync-channel call that lost its channel waits for the stream to
-// end before it cancels it.
-constexpr absl::Duration kSyncLossGrace = absl::Seconds(2);
 constexpr absl::Duration kStatsTimeout = absl::Seconds(5);
-constexpr absl::Duration kAttachTimeout = absl::Seconds(2);
-// A TCP session's uploads from this size on travel raw on the sync channel
-// (RawCopyOnSyncChannel); smaller ones inline on the session stream,
-// without waiting.
-constexpr uint64_t kMinRawUploadBytes = 256 << 10;
-// The pieces of a raw copy on the sync channel: small enough that the
-// pipeline's first and last pieces, which nothing overlaps, cost little.
-constexpr uint64_t kRawPieceBytes = 4ull << 20;
 // Empty idle-flush periods before the flusher sleeps until woken.
 constexpr int kIdleFlushTicks = 20;
-
-// A copy_from_device's bytes into `out`: there already when they came raw
-// after the reply's frame (read straight into it), else copied from the
-// message.
-absl::Status TakeDownloadedBytes(const v1::Completion& completion, absl::Span<char> out,
-                                 const std::string& describe) {
-  if (completion.payload_bytes() == out.size() && completion.data().empty()) return absl::OkStatus();
-  if (completion.data().size() != out.size()) {
-    return absl::InternalError(absl::StrCat("flagos: flagosd returned ", completion.data().size(),
-                                            " bytes for a copy of ", out.size(), " bytes (",
-                                            describe, ")"));
-  }
-  std::memcpy(out.data(), completion.data().data(), out.size());
-  return absl::OkStatus();
-}
 
 void LogOnce(const std::string& message) {
   static std::atomic<bool> logged{false};
@@ -86,11 +58,10 @@ v1::Command SyncMarker(int device) {
 }  // namespace
 
 SessionConnection::SessionConnection(std::string endpoint, std::shared_ptr<grpc::Channel> channel,
-                                     std::unique_ptr<v1::Flagos::Stub> stub,
                                      v1::NegotiateResponse info, ConnectionOptions options)
     : endpoint_(std::move(endpoint)),
       channel_(std::move(channel)),
-      stub_(std::move(stub)),
+      stub_(v1::Flagos::NewStub(channel_)),
       info_(std::move(info)),
       options_(options) {}
 
@@ -446,137 +417,6 @@ absl::Status SessionConnection::CompletionError(uint64_t seq,
                                                                 : completion.message()));
 }
 
-absl::StatusOr<v1::Completion> SessionConnection::CallOnSyncChannel(
-    v1::Command command, std::string describe, absl::Span<const char> payload,
-    absl::Span<char> into) {
-  absl::MutexLock sync_lock(&sync_mu_);
-  absl::Status sent;
-  absl::StatusOr<uint64_t> seq =
-      SendOnSyncChannel(std::move(command), std::move(describe), payload, &sent);
-  if (!seq.ok()) return seq.status();
-  return FinishOnSyncChannel(*seq, sent, into);
-}
-
-absl::StatusOr<uint64_t> SessionConnection::SendOnSyncChannel(v1::Command command,
-                                                              std::string describe,
-                                                              absl::Span<const char> payload,
-                                                              absl::Status* sent) {
-  v1::SyncRequest request;
-  bool flush;
-  uint64_t seq;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::Status usable = UnusableLocked();
-    if (!usable.ok()) return usable;
-    seq = next_seq_++;
-    command.set_seq(seq);
-    descriptions_.Record(seq, std::move(describe));
-    // The daemon runs the command after every command sent before it.
-    request.set_after_seq(last_stream_seq_);
-    flush = pending_.commands() > 0;
-  }
-  if (flush) {
-    absl::MutexLock write_lock(&write_mu_);
-    SendPendingLocked().IgnoreError();  // a broken stream ends the call below
-  }
-  *request.mutable_command() = std::move(command);
-  request.set_payload_bytes(payload.size());
-  *sent = sync_->Send(request, payload);
-  return seq;
-}
-
-absl::StatusOr<v1::Completion> SessionConnection::FinishOnSyncChannel(uint64_t seq,
-                                                                      absl::Status sent,
-                                                                      absl::Span<char> into) {
-  absl::StatusOr<v1::Completion> reply = sent.ok() ? sync_->Receive(into) : sent;
-  absl::MutexLock lock(&mu_);
-  if (!reply.ok()) {
-    if (!async_error_.ok()) return TakeAsyncErrorLocked();
-    // The daemon closes the sync channel only when the session ends, and
-    // the stream says so soon after: wait for it (cancelling the stream if
-    // it does not), so that ended() and SessionEnd() agree with this call.
-    auto stream_over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !session_end_.ok();
-    };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&stream_over), kSyncLossGrace)) {
-      context_.TryCancel();
-      mu_.Await(absl::Condition(&stream_over));
-    }
-    return session_end_;
-  }
-  if (reply->seq() != seq) {
-    return absl::InternalError(absl::StrCat("flagos: the sync channel answered command ",
-                                            reply->seq(), " where command ", seq,
-                                            " waited for its reply"));
-  }
-  // Errors of earlier commands travel on the stream: raise them here, as a
-  // call on the stream would.
-  const uint64_t errors_before = reply->errors_before();
-  auto caught_up = [this, errors_before]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return errors_received_ >= errors_before || !session_end_.ok();
-  };
-  mu_.Await(absl::Condition(&caught_up));
-  if (!async_error_.ok()) return TakeAsyncErrorLocked();
-  if (reply->code() != 0) return CompletionError(seq, *reply);
-  return *std::move(reply);
-}
-
-absl::Status SessionConnection::RawCopyOnSyncChannel(int device, uint64_t stream, uint64_t addr,
-                                                     char* host, uint64_t nbytes, bool upload,
-                                                     const std::string& describe) {
-  // Requests sent whose replies are not read yet: at most what the daemon
-  // lets wait on the channel (sync_window_, 2 or 1). Uploads are answered
-  // once queued; the same bound keeps their bytes in flight to two pieces.
-  struct Piece {
-    uint64_t seq;
-    absl::Status sent;
-    uint64_t done;  // where its bytes are in `host`
-    uint64_t n;
-  };
-  absl::MutexLock sync_lock(&sync_mu_);
-  std::deque<Piece> in_flight;
-  absl::Status first_error;
-  const auto finish_oldest = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_) {
-    const Piece piece = in_flight.front();
-    in_flight.pop_front();
-    absl::Span<char> into;
-    if (!upload) into = absl::Span<char>(host + piece.done, piece.n);
-    absl::StatusOr<v1::Completion> reply = FinishOnSyncChannel(piece.seq, piece.sent, into);
-    absl::Status status = reply.status();
-    if (status.ok() && !upload) status = TakeDownloadedBytes(*reply, into, describe);
-    if (!status.ok() && first_error.ok()) first_error = status;
-  };
-  for (uint64_t done = 0; done < nbytes && first_error.ok();) {
-    const uint64_t n = std::min(nbytes - done, kRawPieceBytes);
-    v1::Command command;
-    command.set_device(device);
-    command.set_stream(stream);
-    absl::Span<const char> payload;
-    if (upload) {
-      v1::CopyToDevice* copy = command.mutable_copy_to_device();
-      copy->set_addr(addr + done);
-      payload = absl::Span<const char>(host + done, n);
-    } else {
-      v1::CopyFromDevice* copy = command.mutable_copy_from_device();
-      copy->set_addr(addr + done);
-      copy->set_nbytes(n);
-    }
-    absl::Status sent;
-    absl::StatusOr<uint64_t> seq = SendOnSyncChannel(std::move(command), describe, payload, &sent);
-    if (!seq.ok()) {
-      first_error = seq.status();
-      break;
-    }
-    in_flight.push_back({*seq, sent, done, n});
-    done += n;
-    if (!sent.ok()) break;
-    if (in_flight.size() >= sync_window_) finish_oldest();
-  }
-  // Every request sent has its reply read: the channel stays in step.
-  while (!in_flight.empty()) finish_oldest();
-  return first_error;
-}
-
 absl::StatusOr<v1::Completion> SessionConnection::Call(v1::Command command,
                                                        std::string describe) {
   if (sync_ != nullptr && v1::OwesReply(command)) {
@@ -585,258 +425,6 @@ absl::StatusOr<v1::Completion> SessionConnection::Call(v1::Command command,
   absl::StatusOr<uint64_t> ticket = Submit(std::move(command), std::move(describe));
   if (!ticket.ok()) return ticket.status();
   return Await(*ticket);
-}
-
-absl::StatusOr<StagingRegion::Chunk> SessionConnection::ClaimChunk(uint64_t nbytes) {
-  for (int attempt = 0;; ++attempt) {
-    if (std::optional<StagingRegion::Chunk> chunk = staging_->TryClaim(nbytes)) return *chunk;
-    // The ring is full of chunks the daemon has not consumed yet: make sure
-    // it has them, then back off (spin briefly, then sleep).
-    if (attempt == 0) {
-      if (absl::Status s = Flush(); !s.ok()) return s;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (absl::Status s = UnusableLocked(); !s.ok()) return s;
-    }
-    if (attempt < 64) {
-      sched_yield();
-    } else {
-      absl::SleepFor(absl::Microseconds(std::min(20 * (attempt - 63), 500)));
-    }
-  }
-}
-
-absl::Status SessionConnection::Upload(int device, uint64_t stream, uint64_t addr,
-                                       const void* src, uint64_t nbytes,
-                                       const std::string& describe) {
-  const char* bytes = static_cast<const char*>(src);
-  if (staging_ == nullptr && sync_raw_payloads_ && nbytes >= kMinRawUploadBytes) {
-    // A TCP session's bulk bytes go raw on the sync channel: no copy into
-    // a message, no HTTP/2 framing; the daemon acknowledges each piece once
-    // it has it queued, and the next piece is on its way meanwhile.
-    return RawCopyOnSyncChannel(device, stream, addr, const_cast<char*>(bytes), nbytes,
-                                /*upload=*/true, describe);
-  }
-  for (uint64_t done = 0; done < nbytes;) {
-    v1::Command command;
-    command.set_device(device);
-    command.set_stream(stream);
-    v1::CopyToDevice* copy = command.mutable_copy_to_device();
-    copy->set_addr(addr + done);
-    uint64_t n;
-    if (staging_ != nullptr) {
-      n = std::min(nbytes - done, staging_->max_chunk());
-      absl::StatusOr<StagingRegion::Chunk> chunk = ClaimChunk(n);
-      if (!chunk.ok()) return chunk.status();
-      hostcopy::BulkCopy(chunk->data, bytes + done, n);
-      copy->mutable_staged()->set_offset(chunk->offset);
-      copy->mutable_staged()->set_nbytes(n);
-    } else {
-      n = std::min(nbytes - done, kMaxCopyChunk);
-      copy->set_data(bytes + done, n);
-    }
-    if (Enqueue(std::move(command), describe) == 0) {
-      absl::MutexLock lock(&mu_);
-      return UnusableLocked();
-    }
-    done += n;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SessionConnection::Download(int device, uint64_t stream, void* dst, uint64_t addr,
-                                         uint64_t nbytes, const std::string& describe) {
-  char* out = static_cast<char*>(dst);
-  struct InFlight {
-    uint64_t ticket;
-    StagingRegion::Chunk chunk;
-    uint64_t done;  // where its bytes go in `out`
-  };
-  std::deque<InFlight> in_flight;
-  absl::Status first_error;
-  // A fresh destination (the tensor `.cpu()` allocates) faults in 2 MiB
-  // pages rather than 4 KiB ones.
-  hostcopy::PrepareDestination(out, nbytes);
-  if (staging_ == nullptr && sync_raw_payloads_) {
-    // A TCP session's download: raw on the sync channel, pipelined.
-    return RawCopyOnSyncChannel(device, stream, addr, out, nbytes, /*upload=*/false, describe);
-  }
-  // Waits for the oldest chunk, copies it out and frees it.
-  const auto finish_oldest = [&]() {
-    InFlight f = in_flight.front();
-    in_flight.pop_front();
-    absl::StatusOr<v1::Completion> completion = Await(f.ticket);
-    if (completion.ok() && first_error.ok()) {
-      hostcopy::BulkCopy(out + f.done, f.chunk.data, f.chunk.nbytes);
-    }
-    staging_->Release(f.chunk.offset);
-    if (!completion.ok() && first_error.ok()) first_error = completion.status();
-  };
-  for (uint64_t done = 0; done < nbytes && first_error.ok();) {
-    v1::Command command;
-    command.set_device(device);
-    command.set_stream(stream);
-    v1::CopyFromDevice* copy = command.mutable_copy_from_device();
-    copy->set_addr(addr + done);
-    if (staging_ == nullptr) {
-      const uint64_t n = std::min(nbytes - done, kMaxCopyChunk);
-      copy->set_nbytes(n);
-      absl::StatusOr<v1::Completion> completion = Call(std::move(command), describe);
-      if (!completion.ok()) return completion.status();
-      if (absl::Status s = TakeDownloadedBytes(*completion, absl::Span<char>(out + done, n),
-                                               describe);
-          !s.ok()) {
-        return s;
-      }
-      done += n;
-      continue;
-    }
-    const uint64_t n = std::min(nbytes - done, staging_->max_chunk());
-    std::optional<StagingRegion::Chunk> chunk;
-    while (!(chunk = staging_->TryClaim(n)) && !in_flight.empty()) finish_oldest();
-    if (!chunk) {
-      absl::StatusOr<StagingRegion::Chunk> claimed = ClaimChunk(n);
-      if (!claimed.ok()) {
-        first_error = claimed.status();
-        break;
-      }
-      chunk = *claimed;
-    }
-    copy->set_nbytes(n);
-    copy->mutable_staged()->set_offset(chunk->offset);
-    copy->mutable_staged()->set_nbytes(n);
-    if (n == nbytes) {
-      // One chunk: a plain call (the sync channel's short path).
-      absl::StatusOr<v1::Completion> completion = Call(std::move(command), describe);
-      if (completion.ok()) hostcopy::BulkCopy(out, chunk->data, n);
-      staging_->Release(chunk->offset);
-      return completion.status();
-    }
-    absl::StatusOr<uint64_t> ticket = Submit(std::move(command), describe);
-    if (!ticket.ok()) {
-      staging_->Release(chunk->offset);
-      first_error = ticket.status();
-      break;
-    }
-    in_flight.push_back({*ticket, *chunk, done});
-    done += n;
-  }
-  // Every submitted chunk is awaited before it is freed: the daemon may
-  // still be writing into it.
-  while (!in_flight.empty()) finish_oldest();
-  return first_error;
-}
-
-absl::StatusOr<PinnedBlock> SessionConnection::AllocatePinned(uint64_t nbytes) {
-  if (nbytes == 0) {
-    return absl::InvalidArgumentError("flagos: a pinned block holds at least one byte");
-  }
-  PinnedBlock block;
-  if (staging_ == nullptr) {
-    // No shared memory with the daemon (TCP, or staging off): ordinary
-    // memory, copied like any host memory.
-    const uint64_t size = (nbytes + 4095) / 4096 * 4096;
-    block.data = static_cast<char*>(std::aligned_alloc(4096, size));
-    if (block.data == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("flagos: cannot allocate ", size, " bytes of host memory to pin"));
-    }
-    block.nbytes = size;
-    return block;
-  }
-  uint64_t id;
-  {
-    absl::MutexLock lock(&pinned_mu_);
-    id = next_pinned_id_++;
-  }
-  absl::StatusOr<std::unique_ptr<PinnedRegion>> region = PinnedRegion::Create(id, nbytes);
-  if (!region.ok()) return region.status();
-  std::string socket;
-  std::string token;
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = UnusableLocked(); !s.ok()) return s;
-    socket = staging_socket_;
-    token = staging_token_;
-  }
-  if (absl::Status s = (*region)->Attach(socket, session_id(), token, absl::Now() + kAttachTimeout);
-      !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("flagos: cannot pin ", nbytes, " bytes of host memory "
-                                               "with flagosd at ", endpoint_, ": ", s.message()));
-  }
-  block.region = id;
-  block.data = (*region)->data();
-  block.nbytes = (*region)->nbytes();
-  absl::MutexLock lock(&pinned_mu_);
-  pinned_.emplace(id, *std::move(region));
-  return block;
-}
-
-void SessionConnection::FreePinned(const PinnedBlock& block) {
-  if (block.region == 0) {
-    std::free(block.data);
-    return;
-  }
-  std::unique_ptr<PinnedRegion> region;
-  {
-    absl::MutexLock lock(&pinned_mu_);
-    auto it = pinned_.find(block.region);
-    if (it == pinned_.end()) return;
-    region = std::move(it->second);
-    pinned_.erase(it);
-  }
-  // The daemon keeps its mapping until the commands before this one have
-  // completed; this process's view goes now (the caller is done with it).
-  // Dropped when the session is over: the daemon released everything then.
-  v1::Command command;
-  command.mutable_release_pinned()->set_region(block.region);
-  Enqueue(std::move(command), absl::StrCat("release pinned region ", block.region));
-}
-
-absl::Status SessionConnection::EnqueuePinnedChunks(
-    int device, uint64_t stream, uint64_t nbytes, const std::string& describe,
-    absl::FunctionRef<void(v1::Command*, uint64_t done, uint64_t n)> fill) {
-  for (uint64_t done = 0; done < nbytes;) {
-    const uint64_t n = std::min(nbytes - done, kMaxPinnedCopyChunk);
-    v1::Command command;
-    command.set_device(device);
-    command.set_stream(stream);
-    fill(&command, done, n);
-    if (Enqueue(std::move(command), describe) == 0) {
-      absl::MutexLock lock(&mu_);
-      return UnusableLocked();
-    }
-    done += n;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SessionConnection::UploadPinned(int device, uint64_t stream, uint64_t addr,
-                                             uint64_t region, uint64_t offset, uint64_t nbytes,
-                                             const std::string& describe) {
-  return EnqueuePinnedChunks(device, stream, nbytes, describe,
-                             [&](v1::Command* command, uint64_t done, uint64_t n) {
-                               v1::CopyToDevice* copy = command->mutable_copy_to_device();
-                               copy->set_addr(addr + done);
-                               copy->mutable_pinned()->set_region(region);
-                               copy->mutable_pinned()->set_offset(offset + done);
-                               copy->mutable_pinned()->set_nbytes(n);
-                             });
-}
-
-absl::Status SessionConnection::DownloadPinned(int device, uint64_t stream, uint64_t region,
-                                               uint64_t offset, uint64_t addr, uint64_t nbytes,
-                                               const std::string& describe) {
-  return EnqueuePinnedChunks(device, stream, nbytes, describe,
-                             [&](v1::Command* command, uint64_t done, uint64_t n) {
-                               v1::CopyFromDevice* copy = command->mutable_copy_from_device();
-                               copy->set_addr(addr + done);
-                               copy->set_nbytes(n);
-                               copy->mutable_pinned()->set_region(region);
-                               copy->mutable_pinned()->set_offset(offset + done);
-                               copy->mutable_pinned()->set_nbytes(n);
-                             });
 }
 
 absl::Status SessionConnection::Flush() {

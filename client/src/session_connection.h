@@ -9,6 +9,10 @@
 // write_mu_ (stream writes, which gRPC does not allow concurrently, and the
 // order of batches on the wire), mu_ (everything else; held only briefly,
 // never across a gRPC call).
+//
+// Defined in session_connection.cc (the stream, batches, calls, Close),
+// session_sync_channel.cc (synchronous calls and raw copies on the sync
+// channel) and session_copies.cc (uploads, downloads, pinned regions).
 #ifndef FLAGOS_CLIENT_SRC_SESSION_CONNECTION_H_
 #define FLAGOS_CLIENT_SRC_SESSION_CONNECTION_H_
 
@@ -46,11 +50,10 @@ namespace flagos::client {
 
 class SessionConnection final : public Connection {
  public:
-  // `info` is the daemon's answer to Negotiate over `channel` (which `stub`
-  // uses); the session is not open yet.
+  // `info` is the daemon's answer to Negotiate over `channel`; the session
+  // is not open yet.
   SessionConnection(std::string endpoint, std::shared_ptr<grpc::Channel> channel,
-                    std::unique_ptr<v1::Flagos::Stub> stub, v1::NegotiateResponse info,
-                    ConnectionOptions options);
+                    v1::NegotiateResponse info, ConnectionOptions options);
   ~SessionConnection() override;
 
   SessionConnection(const SessionConnection&) = delete;
@@ -138,6 +141,11 @@ class SessionConnection final : public Connection {
   // A Completion's error as the caller sees it (naming the command).
   absl::Status CompletionError(uint64_t seq, const v1::Completion& completion) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A copy_from_device's bytes into `out`: there already when they came raw
+  // after the reply's frame (read straight into it), else copied from the
+  // message (session_sync_channel.cc).
+  static absl::Status TakeDownloadedBytes(const v1::Completion& completion, absl::Span<char> out,
+                                          const std::string& describe);
   // Handles one Completion from the daemon.
   void DeliverLocked(v1::Completion* completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next seq, for a command about to join the pending batch: recorded
@@ -157,6 +165,10 @@ class SessionConnection final : public Connection {
   absl::Status ClosedError() const;
   // UNAVAILABLE: the daemon ended the session; `cause` is what gRPC said.
   absl::Status SessionEndedError(absl::string_view cause) const;
+
+  // How long attaching the staging region, a sync channel or a pinned
+  // region may take.
+  static constexpr absl::Duration kAttachTimeout = absl::Seconds(2);
 
   // Constant after construction.
   const std::string endpoint_;

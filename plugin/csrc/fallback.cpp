@@ -207,8 +207,9 @@ void EncodeOpCall(const OpTraits& traits, int device, Args args, flagos::v1::Com
 // capture runs; false, sending nothing, otherwise.
 bool EnqueueOnWire(const OpTraits& traits, int device, Args args,
                    c10::ArrayRef<at::Tensor> outputs, uint64_t generation) {
-  // A random op draws from a generator, whose state EncodeGenerator sends.
-  if (traits.nondeterministic_seeded) return false;
+  // A random op draws from a generator, whose state EncodeGenerator sends;
+  // a capture holds Command objects (checked again at the send).
+  if (traits.nondeterministic_seeded || AnyCapture()) return false;
   thread_local OpCallWire wire;
   wire.Clear();
   for (size_t i = 0; i < args.size(); ++i) {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "autograd_device_queues.h"
@@ -419,30 +420,42 @@ bool LaunchBlocking() {
   return blocking;
 }
 
-uint64_t Enqueue(flagos::v1::Command& command, absl::string_view describe,
-                 std::optional<uint64_t> stream, uint64_t encoded_in) {
-  const int device = command.device();
-  SetStream(command, stream);
-  // Work on a capturing stream is held back for the graph (graph_capture.h).
-  if (TakeIntoCapture(command, describe)) return 0;
+namespace {
+
+// Enqueue's and EnqueueOpCallWire's common part: `send` appends the command
+// to the session, which its addresses (encoded in generation `encoded_in`)
+// must still belong to.
+uint64_t SendToSession(int device, uint64_t encoded_in,
+                       absl::FunctionRef<uint64_t(flagos::client::Connection&)> send) {
   flagos::client::Connection& session = Session();
   // After Session(): a loss reported meanwhile has moved the generation on.
   if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
-  uint64_t seq = session.Enqueue(command, describe);
+  const uint64_t seq = send(session);
   // Debugging: every command completes before its call returns, so an
   // asynchronous failure is raised by the call that caused it.
   if (LaunchBlocking()) Synchronize(device);
   return seq;
 }
 
+}  // namespace
+
+uint64_t Enqueue(flagos::v1::Command& command, absl::string_view describe,
+                 std::optional<uint64_t> stream, uint64_t encoded_in) {
+  SetStream(command, stream);
+  // Work on a capturing stream is held back for the graph (graph_capture.h).
+  if (TakeIntoCapture(command, describe)) return 0;
+  return SendToSession(command.device(), encoded_in, [&](flagos::client::Connection& session) {
+    return session.Enqueue(command, describe);
+  });
+}
+
 bool EnqueueOpCallWire(int device, uint32_t op_id, OpCallWire& wire, absl::string_view describe,
                        uint64_t encoded_in) {
   if (AnyCapture()) return false;
   const uint64_t stream = CurrentStream(device);
-  flagos::client::Connection& session = Session();
-  if (encoded_in != 0) CheckGeneration(encoded_in, "memory this operation names");
-  session.EnqueueSerialized(wire.Serialize(device, stream, op_id), describe);
-  if (LaunchBlocking()) Synchronize(device);
+  SendToSession(device, encoded_in, [&](flagos::client::Connection& session) {
+    return session.EnqueueSerialized(wire.Serialize(device, stream, op_id), describe);
+  });
   return true;
 }
 

@@ -130,8 +130,8 @@ bool LaunchBlocking();
 // addresses were encoded (0: it names no device memory); see
 // CheckGeneration.
 // The command is serialized before Enqueue returns: it may live anywhere (an
-// operator's is built on a protobuf arena on the caller's stack), and Enqueue
-// sets its stream.
+// operator call the wire writer does not take is built on a protobuf arena
+// on the caller's stack), and Enqueue sets its stream.
 uint64_t Enqueue(flagos::v1::Command& command, absl::string_view describe,
                  std::optional<uint64_t> stream = std::nullopt, uint64_t encoded_in = 0);
 inline uint64_t Enqueue(flagos::v1::Command&& command, absl::string_view describe,
