@@ -212,6 +212,9 @@ class RawSession {
 
   v1::Completion Call(v1::Command command) { return WaitFor(Send({std::move(command)})); }
 
+  // The next seq, for a command the test writes itself.
+  uint64_t TakeSeq() { return ++seq_; }
+
   // Sends `commands` and a sync; returns the completions before the sync's.
   std::vector<v1::Completion> RunAndSync(std::vector<v1::Command> commands) {
     commands.push_back(Sync());
@@ -538,6 +541,54 @@ TEST_F(ServerTest, MessagesThatDoNotParseEndTheSessionWithInvalidArgument) {
   EXPECT_GT(c.Open("c"), 0u);
   EXPECT_EQ(c.Call(Sync()).code(), 0);
   EXPECT_TRUE(c.End().ok());
+}
+
+void AppendVarint(std::string* bytes, uint64_t v) {
+  for (; v >= 0x80; v >>= 7) bytes->push_back(static_cast<char>(v | 0x80));
+  bytes->push_back(static_cast<char>(v));
+}
+
+// `command` without its seq, then a seq field for each of `seqs`, in order
+// (a field may appear more than once on the wire; protobuf keeps the last).
+std::string WithSeqs(v1::Command command, std::initializer_list<uint64_t> seqs) {
+  command.clear_seq();
+  std::string bytes = command.SerializeAsString();
+  for (uint64_t seq : seqs) {
+    bytes.push_back('\x08');  // field 1 (seq), varint
+    AppendVarint(&bytes, seq);
+  }
+  return bytes;
+}
+
+// The flagos client writes each command's seq after its other fields
+// (client/src/encoded_batch.h); a hostile client may write it more than once.
+// flagosd reads what protobuf reads, the last one: a command whose last seq
+// repeats an earlier command's is refused and not run, whatever seq came
+// before it on the wire, and one whose last seq is the next runs.
+TEST_F(ServerTest, ACommandIsNumberedByTheLastSeqOnTheWire) {
+  RawSession session(stub_.get());
+  session.Open();
+  const uint64_t addr = session.AllocateOk(16);  // seq 1
+  const std::string refused(16, 'r');
+  const std::string ran(16, 'k');
+  const uint64_t next = session.TakeSeq();
+  std::string batch;
+  for (const std::string& command : {WithSeqs(CopyTo(addr, refused), {next + 100, 1}),
+                                     WithSeqs(CopyTo(addr, ran), {1, next})}) {
+    batch.push_back('\x0a');  // CommandBatch field 1 (commands), length-delimited
+    AppendVarint(&batch, command.size());
+    batch += command;
+  }
+  v1::ClientMessage message;
+  message.GetReflection()->MutableUnknownFields(&message)->AddLengthDelimited(2, batch);
+  ASSERT_TRUE(session.stream().Write(message));
+  const std::vector<v1::Completion> errors = session.RunAndSync({});
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].seq(), 1u);
+  EXPECT_TRUE(absl::StrContains(errors[0].message(), "sequence numbers must strictly increase"))
+      << errors[0].message();
+  EXPECT_EQ(session.Call(CopyFrom(addr, 16)).data(), ran);
+  EXPECT_TRUE(session.End().ok());
 }
 
 TEST_F(ServerTest, SessionWithAnUnknownVersionIsRefused) {
