@@ -81,7 +81,8 @@ ABSL_FLAG(std::vector<std::string>, allow_gid, {},
 ABSL_FLAG(std::vector<std::string>, store_networks, {"auto"},
           "Where flagosd may connect for a process group that spans daemons (torchrun across "
           "nodes, a private daemon per rank): the job's c10d Store, whose address a client "
-          "names, must lie in these networks (comma-separated): auto (the default: loopback "
+          "names, and the other daemons of the group, at the addresses published there, "
+          "must lie in these networks (comma-separated): auto (the default: loopback "
           "and the networks of this host's interfaces), any, none (refuse such groups), or "
           "CIDRs and addresses (10.20.0.0/16, fd00::/8). Keeps a client from making flagosd "
           "connect elsewhere on its behalf. See docs/distributed.md.");

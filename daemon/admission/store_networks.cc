@@ -290,4 +290,25 @@ absl::StatusOr<std::string> StoreNetworks::Resolve(absl::string_view host) const
       refused.front(), ") (docs/distributed.md)"));
 }
 
+absl::Status StoreNetworks::CheckPeer(const sockaddr* peer, absl::string_view who) const {
+  uint8_t ip[16];
+  if (!FromSockaddr(peer, ip)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, " published an address of family ", peer == nullptr ? -1 : peer->sa_family,
+        ", not an IPv4 or IPv6 one"));
+  }
+  if (any_ || Listed(Networks(), ip)) return absl::OkStatus();
+  const uint16_t port = ntohs(peer->sa_family == AF_INET
+                                  ? reinterpret_cast<const sockaddr_in*>(peer)->sin_port
+                                  : reinterpret_cast<const sockaddr_in6*>(peer)->sin6_port);
+  const std::string text = AddressText(ip);
+  const bool v6 = text.find(':') != std::string::npos;
+  return absl::PermissionDeniedError(absl::StrCat(
+      who, " is at ", v6 ? "[" : "", text, v6 ? "]" : "", ":", port,
+      " (the address its daemon published in the job's Store), and flagosd connects only to "
+      "addresses in its --store-networks: ",
+      Describe(), "; if that daemon's node is there, the node's operator adds its network to "
+      "flagosd's --store-networks (e.g. --store-networks=auto,", text, ") (docs/distributed.md)"));
+}
+
 }  // namespace flagos::daemon

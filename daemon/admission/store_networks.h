@@ -6,8 +6,9 @@
 // session could make flagosd connect to any host and port it can reach —
 // from the daemon's network position, which is not necessarily the
 // client's (a client over TCP from another node; a daemon in another
-// network namespace). flagosd connects only to Stores whose address lies
-// in these networks:
+// network namespace). flagosd connects only to Stores, and to the other
+// daemons of a group (the addresses they publish in that Store), whose
+// address lies in these networks:
 //
 //   auto   loopback and the networks of this host's interfaces (each
 //          address with its netmask, read at each join) — the default: a
@@ -20,6 +21,8 @@
 // flagosd connects to the address it checked (no second lookup to race).
 #ifndef FLAGOS_DAEMON_ADMISSION_STORE_NETWORKS_H_
 #define FLAGOS_DAEMON_ADMISSION_STORE_NETWORKS_H_
+
+#include <sys/socket.h>
 
 #include <cstdint>
 #include <string>
@@ -57,6 +60,13 @@ class StoreNetworks {
   // resolve, PERMISSION_DENIED (saying which networks are allowed and how
   // to add one) when none of its addresses is allowed.
   absl::StatusOr<std::string> Resolve(absl::string_view host) const;
+
+  // OK when `peer` (an IPv4 or IPv6 socket address another daemon of the
+  // group published in the job's Store, which flagosd would connect to)
+  // lies in these networks. PERMISSION_DENIED otherwise, naming `who` and
+  // the address, and saying how to allow it; INVALID_ARGUMENT for another
+  // address family.
+  absl::Status CheckPeer(const sockaddr* peer, absl::string_view who) const;
 
   // "auto (127.0.0.0/8, ::1/128, 10.0.2.0/24), 203.0.113.0/24", "any", "none".
   std::string Describe() const;

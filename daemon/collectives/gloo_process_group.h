@@ -1,6 +1,6 @@
 // torch's ProcessGroupGloo, made inside flagosd: the engine that carries the
 // collectives of a process group whose ranks are sessions of different
-// daemons (daemon_groups.h), over TCP between the daemons.
+// daemons (rank_between_daemons.h), over TCP between the daemons.
 //
 // libtorch_cpu, which flagosd links for the cpu backend's kernels, has gloo
 // and ProcessGroupGloo compiled in and exports them; the torch wheel does not

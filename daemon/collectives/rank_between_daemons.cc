@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "admission/store_networks.h"
 #include "collectives/gloo_process_group.h"
+#include "collectives/peer_checked_store.h"
 #include "execution/worker_pool.h"
 
 namespace flagos::daemon {
@@ -111,11 +112,17 @@ std::unique_ptr<RankBetweenDaemons> RankBetweenDaemons::Join(
                 "be reachable from every rank's flagosd (docs/distributed.md)");
   }
   auto notes = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("flagos/", comm), store);
+  // gloo connects to its peers at the addresses they published in the
+  // Store: only where --store-networks allows too.
+  auto checked = c10::make_intrusive<PeerCheckedStore>(
+      c10::make_intrusive<c10d::PrefixStore>("gloo", notes), rank, nranks,
+      StoreNetworks::Current());
   c10::intrusive_ptr<c10d::Backend> group;
   try {
-    group = NewGlooProcessGroup(c10::make_intrusive<c10d::PrefixStore>("gloo", notes), rank,
-                                nranks, Millis(timeout));
+    group = NewGlooProcessGroup(checked, rank, nranks, Millis(timeout));
   } catch (const std::exception& e) {
+    const std::string refused = checked->refusal();
+    TORCH_CHECK(refused.empty(), where, ": flagosd does not join it: ", refused);
     TORCH_CHECK(false, where, ": its daemons could not connect to each other through gloo (",
                 Why(e), "); every rank's flagosd must reach the others' over TCP (set "
                 "GLOO_SOCKET_IFNAME in flagosd's environment to choose the interface)");

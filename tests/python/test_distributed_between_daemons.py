@@ -261,6 +261,80 @@ def test_a_client_cannot_make_flagosd_connect_outside_its_store_networks(
     assert quiet(after), after
 
 
+FORGED_PEERS = r'''
+import datetime, socket, struct, sys, time, torch, torch_fl
+import torch.distributed as dist
+import torch_fl.distributed  # the flagos_c10d schemas
+ops = torch.ops.flagos_c10d
+x = torch.ones(4, device="flagos")
+# The client's own Store, on loopback (allowed), where it writes rank 1's
+# gloo record itself instead of a daemon: torch 2.13's gloo layout (host
+# name, a 136-byte address: sockaddr_storage and a sequence, an i64 per rank).
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
+
+def record(family, address, port):
+    sa = struct.pack("<H", family) + struct.pack(">H", port) + (
+        socket.inet_pton(socket.AF_INET, address) if family == socket.AF_INET
+        else b"\0" * 4 + socket.inet_pton(socket.AF_INET6, address))
+    sa += b"\0" * (128 - len(sa))
+    host = b"elsewhere"
+    return (struct.pack("<Q", len(host)) + host + struct.pack("<Q", 136) + sa
+            + struct.pack("<q", -1) + struct.pack("<2q", 0, 1))
+
+peers = {
+    # TEST-NET-3 (RFC 5737) and a documentation IPv6 address: outside auto.
+    "far peer": record(socket.AF_INET, "203.0.113.7", 4567),
+    "far peer v6": record(socket.AF_INET6, "2001:db8::5", 4567),
+    "unreadable peer": b"not a gloo record",
+}
+for n, (name, value) in enumerate(peers.items()):
+    comm = f"forged-{n}"
+    store.set(f"flagos/{comm}/gloo/0/1", value)
+    start = time.monotonic()
+    try:
+        ops.join_group(x, comm, 0, 2, "127.0.0.1", store.port, 600.0)
+        torch.flagos.synchronize()
+        print(name, "-> no error")
+    except RuntimeError as e:
+        print(name, "->", f"{time.monotonic() - start:.1f}s", str(e).splitlines()[0])
+print("after ->", (x + 1).cpu().tolist())
+'''
+
+
+def test_a_client_cannot_make_flagosd_connect_to_peers_outside_its_store_networks(
+    start_daemon, run_python
+) -> None:
+    # The Store is allowed, but the peer addresses in it are the client's to
+    # write: flagosd reads each peer's gloo record before its gloo may
+    # connect there, and refuses addresses outside --store-networks and
+    # records it cannot read, at once (the group's timeout is 600 s).
+    daemon = start_daemon(extra_args=["--metrics-listen=127.0.0.1:0"])
+    result = run_python(FORGED_PEERS, env={"FLAGOS_ENDPOINT": daemon.endpoint}, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = dict(line.split(" -> ", 1) for line in result.stdout.splitlines())
+    assert lines.pop("after") == "[2.0, 2.0, 2.0, 2.0]", result.stdout
+    expected = {
+        "far peer": r"flagosd does not join it: rank 1 is at 203\.0\.113\.7:4567 \(the address "
+                    r"its daemon published in the job's Store\), and flagosd connects only to "
+                    r"addresses in its --store-networks: auto \(loopback and this node's "
+                    r"networks: 127\.0\.0\.0/8.*\); if that daemon's node is there, the node's "
+                    r"operator adds its network to flagosd's --store-networks \(e\.g\. "
+                    r"--store-networks=auto,203\.0\.113\.7\)",
+        "far peer v6": r"flagosd does not join it: rank 1 is at \[2001:db8::5\]:4567 ",
+        "unreadable peer": r"flagosd does not join it: rank 1's daemon cannot be checked against "
+                           r"--store-networks: its gloo record \(17 bytes\) is not in the layout "
+                           r"flagosd reads \(torch 2\.13's gloo rank record: .*\): a host name of "
+                           r"\d+ bytes",
+    }
+    assert set(lines) == set(expected), result.stdout
+    for name, pattern in expected.items():
+        seconds, message = lines[name].split("s ", 1)
+        assert re.search(pattern, message), (name, message)
+        assert float(seconds) < 5, (name, seconds, message)
+    after = settled(daemon, quiet)
+    assert quiet(after), after
+
+
 def test_store_networks_none_refuses_every_group_between_daemons(
     start_daemon, run_python, flagosd_binary, tmp_path
 ) -> None:
