@@ -368,13 +368,21 @@ from .graphs import (  # noqa: E402
 )
 
 
-# ------------------------------------------------------------- inductor
+# ------------------------------------------------- attributes torch reads
 # torch.compile's inductor asks the device module for its code generators;
 # flagos has none, and the answer makes inductor raise a clear error
 # (torch_fl/_inductor.py).
 
 
+# ``_initialized``: what torch.utils.checkpoint reads (as torch.cuda's
+# attribute) to decide whether to save and restore the device's RNG state
+# around a recomputation; without it a checkpointed dropout draws a new mask
+# in the backward pass. True once this process has a session.
+
+
 def __getattr__(name: str) -> Any:
+    if name == "_initialized":
+        return is_initialized()
     if name in _inductor.CODE_GENERATOR_NAMES:
         return _inductor.code_generator(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

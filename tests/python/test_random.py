@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+import torch.utils.checkpoint
 import torch_fl  # noqa: F401
 
 FL = "flagos"
@@ -90,6 +91,33 @@ def test_fork_rng_restores_the_state() -> None:
     torch.manual_seed(3)
     b = torch.randn(16, device=FL).cpu()
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("device", [0, 1])
+def test_activation_checkpointing_recomputes_the_same_dropout_mask(reentrant, device) -> None:
+    # torch.utils.checkpoint saves the device's RNG state in the forward
+    # pass and restores it for the recomputation in the backward pass, when
+    # the device module says it is initialised (torch.flagos._initialized):
+    # the checkpointed model's gradients are then those of the plain model.
+    dev = f"{FL}:{device}"
+
+    def grads(checkpointed: bool, seed: int = 5) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.3),
+                                    torch.nn.GELU(), torch.nn.Linear(32, 4)).to(dev)
+        x = torch.randn(8, 16).to(dev).requires_grad_(reentrant)
+        torch.manual_seed(seed)
+        out = (torch.utils.checkpoint.checkpoint(model, x, use_reentrant=reentrant)
+               if checkpointed else model(x))
+        out.square().sum().backward()
+        return [p.grad.cpu() for p in model.parameters()]
+
+    plain, checkpointed = grads(False), grads(True)
+    for a, b in zip(plain, checkpointed):
+        assert torch.equal(a, b)
+    # The masks are random: another seed gives other gradients.
+    assert not torch.equal(plain[0], grads(False, seed=6)[0])
 
 
 def test_an_explicit_generator_is_independent_of_the_default() -> None:
