@@ -256,6 +256,64 @@ def memory_stats(device: _DeviceLike = None) -> dict:
     return torch.accelerator.memory_stats(_index(device))
 
 
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def memory_summary(device: _DeviceLike = None, abbreviated: bool = False) -> str:
+    """A table of :func:`memory_stats` for printing, as
+    ``torch.cuda.memory_summary`` gives one: each figure's current value,
+    its peak, and the totals allocated and freed since the last reset. The
+    flagos allocator keeps no separate small and large pools, so there are
+    no pool rows (``abbreviated`` changes nothing)."""
+    del abbreviated
+    idx = _index(device)
+    stats = memory_stats(idx)
+    rows = [("allocated_bytes", "Allocated memory", True),
+            ("active_bytes", "Active memory", True),
+            ("requested_bytes", "Requested memory", True),
+            ("reserved_bytes", "Reserved memory (segments)", True),
+            ("inactive_split_bytes", "Non-releasable memory", True),
+            ("allocation", "Allocations", False),
+            ("active", "Active allocations", False),
+            ("segment", "Segments", False),
+            ("inactive_split", "Non-releasable allocations", False)]
+    width = 32
+    head = f"{'':<{width}} {'current':>12} {'peak':>12} {'allocated':>12} {'freed':>12}"
+    lines = [f"flagos memory summary, device {idx} ({get_device_name(idx)})", head,
+             "-" * len(head)]
+    for key, title, in_bytes in rows:
+        values = [stats.get(f"{key}.all.{field}", 0)
+                  for field in ("current", "peak", "allocated", "freed")]
+        cells = [_human_bytes(v) if in_bytes else str(v) for v in values]
+        lines.append(f"{title:<{width}} " + " ".join(f"{c:>12}" for c in cells))
+    lines.append("-" * len(head))
+    for key, title in (("num_device_alloc", "Segments from the daemon"),
+                       ("num_device_free", "Segments returned to it"),
+                       ("num_alloc_retries", "Retries after emptying the cache"),
+                       ("num_ooms", "Out-of-memory errors")):
+        lines.append(f"{title:<{width}} {stats.get(key, 0):>12}")
+    free, total = mem_get_info(idx)
+    lines.append(f"{'Device free, total':<{width}} {_human_bytes(free):>12} "
+                 f"{_human_bytes(total):>12}")
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def device_of(obj: Any) -> Iterator[None]:
+    """Makes the device of ``obj`` (a tensor) current for the body; a tensor
+    that is not on flagos changes nothing."""
+    if obj.device.type != "flagos":
+        yield
+        return
+    with device(obj.device.index):
+        yield
+
+
 def memory_allocated(device: _DeviceLike = None) -> int:
     return memory_stats(device).get("allocated_bytes.all.current", 0)
 

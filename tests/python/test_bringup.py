@@ -153,6 +153,27 @@ def test_memory_stats_agree_with_memory_allocated_and_reserved() -> None:
     assert stats["reserved_bytes.all.current"] == torch.flagos.memory_reserved()
 
 
+def test_memory_summary_prints_the_stats_of_the_device() -> None:
+    x = torch.empty(3 * 2**20, dtype=torch.uint8, device="flagos:1")
+    stats = torch.flagos.memory_stats(1)
+    text = torch.flagos.memory_summary(device=1)
+    assert text.startswith("flagos memory summary, device 1 (")
+    rows = {line[:32].strip(): line[32:].split("  ") for line in text.splitlines()[3:]}
+    current = [c.strip() for c in rows["Allocated memory"] if c.strip()][0]
+    assert current == f"{stats['allocated_bytes.all.current'] / 2**20:.2f} MiB"
+    assert [c.strip() for c in rows["Allocations"] if c.strip()][0] == \
+        str(stats["allocation.all.current"])
+    free, total = torch.flagos.mem_get_info(1)
+    assert rows["Device free, total"][-1].strip() == f"{total / 2**30:.2f} GiB"
+    del x
+    # A tensor's device, current for a block.
+    with torch.flagos.device_of(torch.empty(1, device="flagos:1")):
+        assert torch.flagos.current_device() == 1
+    assert torch.flagos.current_device() == 0
+    with torch.flagos.device_of(torch.empty(1)):
+        assert torch.flagos.current_device() == 0
+
+
 def test_empty_cache_returns_free_segments_to_the_daemon() -> None:
     t = torch.empty(8 * MiB, device="flagos")  # 32 MiB: a segment of its own
     del t
