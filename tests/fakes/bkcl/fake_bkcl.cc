@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fake_bkcl.h"
+#include "fake_bkcl_hub.h"
 #include "fake_bkcl_internal.h"
 #include "fake_env.h"
 #include "fake_xpurt.h"
@@ -72,8 +73,10 @@ constexpr int kBadArg = bkcl::kInvalidArgument;
 constexpr int kRuntime = bkcl::kRuntimeError;
 constexpr int kSystem = bkcl::kSystemError;
 
-// The fake's own unique ids: a magic, this process's pid, a serial and
-// random bytes; the rest zero. bkcl_init_rank refuses any other id.
+// The fake's own unique ids: a magic, the making process's pid, a serial
+// and random bytes; the rest zero. Each names a hub (fake_bkcl_hub.h) that
+// bkcl_get_unique_id creates; bkcl_init_rank, in any process, refuses an id
+// without one.
 constexpr char kIdMagic[8] = {'F', 'A', 'K', 'E', 'B', 'K', 'C', 'L'};
 struct IdHeader {
   char magic[8];
@@ -227,6 +230,11 @@ int Issue(Fn fn, bkcl::Context ctx, Call call, void* stream) {
   if (call.kind == Kind::kBroadcast && (call.root < 0 || call.root >= n)) return kBadArg;
   const bool p2p = call.kind == Kind::kSend || call.kind == Kind::kRecv;
   if (p2p && (call.peer < 0 || call.peer >= n)) return kBadArg;
+  if (p2p && rk->comm->hub != nullptr) {
+    RecordError(std::string("bkcl_") + KindName(call.kind) + ": communicator " + std::to_string(rk->comm->serial) +
+                " spans processes, and the fake models no point-to-point calls between processes");
+    return kBadArg;
+  }
   if (call.kind == Kind::kBroadcast && call.root != rk->rank) call.send_chunks = 0;  // not read
 
   auto op = std::make_unique<Op>();
@@ -283,6 +291,11 @@ extern "C" int bkcl_get_unique_id(bkcl::UniqueId* id) {
   }
   std::memset(id->internal, 0, sizeof(id->internal));
   std::memcpy(id->internal, &h, sizeof(h));
+  if (Hub::Create(HubName(id->internal, sizeof(id->internal))) == nullptr) {
+    RecordError(std::string("bkcl_get_unique_id: cannot create the id's hub in shared memory: ") +
+                std::strerror(errno));
+    return kSystem;
+  }
   return kOk;
 }
 
@@ -291,9 +304,12 @@ extern "C" int bkcl_init_rank(bkcl::Context* ctx, int rank, int nranks, bkcl::Un
   if (ctx == nullptr || id == nullptr || nranks < 1 || rank < 0 || rank >= nranks) return kBadArg;
   IdHeader h;
   std::memcpy(&h, id->internal, sizeof(h));
-  if (std::memcmp(h.magic, kIdMagic, sizeof(kIdMagic)) != 0 || h.pid != static_cast<uint32_t>(getpid())) {
-    RecordError("bkcl_init_rank: rank " + std::to_string(rank) +
-                "'s id was not made by bkcl_get_unique_id in this process");
+  const std::string name = HubName(id->internal, sizeof(id->internal));
+  const std::shared_ptr<Hub> hub =
+      std::memcmp(h.magic, kIdMagic, sizeof(kIdMagic)) == 0 ? Hub::Open(name) : nullptr;
+  const std::string who = "bkcl_init_rank: id " + name.substr(11, 12) + ": rank " + std::to_string(rank) + " ";
+  if (hub == nullptr) {
+    RecordError(who + "has an id that no bkcl_get_unique_id made, or whose communicator already formed");
     return kBadArg;
   }
   int dev = -1;
@@ -302,55 +318,36 @@ extern "C" int bkcl_init_rank(bkcl::Context* ctx, int rank, int nranks, bkcl::Un
   const std::string key(id->internal, sizeof(id->internal));
 
   State& st = St();
+  {
+    std::lock_guard<std::mutex> lk(st.mu);
+    if (st.shutdown) return kRuntime;
+  }
+  // The ranks meet in the hub, from whichever processes they are in.
+  if (const std::string refused = hub->Register(rank, nranks, dev); !refused.empty()) {
+    RecordError(who + refused);
+    return kBadArg;
+  }
+  if (std::string why; !hub->WaitFormed(rank, limit, &why)) {
+    RecordError(who + why);
+    return kRuntime;
+  }
+  // Formed: this process's Comm for the id, shared by its ranks. A
+  // communicator within this process runs its rounds here; one that spans
+  // processes, through the hub.
+  const bool spans = hub->Spans();
+  std::vector<int> devices = hub->LocalDevices();
   std::unique_lock<std::mutex> lk(st.mu);
-  if (st.shutdown) return kRuntime;
   std::shared_ptr<Comm>& slot = st.forming[key];
   if (!slot) {
     slot = std::make_shared<Comm>();
     slot->serial = st.next_comm++;
     slot->nranks = nranks;
-    slot->devices.assign(nranks, -1);
+    slot->local_ranks = static_cast<int>(std::count_if(devices.begin(), devices.end(), [](int d) { return d >= 0; }));
+    slot->devices = std::move(devices);
+    if (spans) slot->hub = hub;
   }
   const std::shared_ptr<Comm> c = slot;
-  const std::string who = "bkcl_init_rank: communicator " + std::to_string(c->serial) + ": rank " +
-                          std::to_string(rank) + " ";
-  if (c->nranks != nranks) {
-    RecordError(who + "says nranks " + std::to_string(nranks) + ", its earlier ranks said " +
-                std::to_string(c->nranks));
-    return kBadArg;
-  }
-  if (c->devices[rank] >= 0) {
-    RecordError(who + "joined twice");
-    return kBadArg;
-  }
-  for (int k = 0; k < nranks; ++k) {
-    if (c->devices[k] == dev) {
-      RecordError(who + "is on device " + std::to_string(dev) + ", as rank " + std::to_string(k) +
-                  " is: BKCL runs one rank per device");
-      return kBadArg;
-    }
-  }
-  c->devices[rank] = dev;
-  if (++c->joined == nranks) {
-    c->formed = true;
-    st.forming.erase(key);
-    st.cv.notify_all();
-  } else {
-    st.cv.wait_until(lk, Clock::now() + limit, [&] { return c->formed || st.shutdown; });
-    if (!c->formed) {
-      RecordError(who + (st.shutdown ? "gave up: the library is unloading"
-                                     : "timed out after " + std::to_string(limit.count()) +
-                                           " ms (BKCL_TIMEOUT): " + std::to_string(c->joined) + " of " +
-                                           std::to_string(nranks) + " ranks joined"));
-      // Leave, so a retry with this id starts clean.
-      c->devices[rank] = -1;
-      if (--c->joined == 0) {
-        auto it = st.forming.find(key);
-        if (it != st.forming.end() && it->second == c) st.forming.erase(it);
-      }
-      return kRuntime;
-    }
-  }
+  if (++c->joined == c->local_ranks) st.forming.erase(key);
   auto r = std::make_shared<Rank>();
   r->comm = c;
   r->rank = rank;
@@ -507,6 +504,7 @@ __attribute__((destructor)) static void FakeBkclUnload() {
     st.shutdown = true;
   }
   st.cv.notify_all();
+  RemoveHubFiles();
 }
 
 // Every function of the table must be defined here: taking their addresses

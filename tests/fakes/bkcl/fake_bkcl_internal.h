@@ -3,6 +3,7 @@
 // translation at issue, groups, abort, destroy, introspection);
 // fake_bkcl_kernels.cc holds the kernels the collectives queue on the
 // rank's stream (the rounds, the point-to-point messages, the arithmetic).
+// fake_bkcl_hub.{h,cc} is where ranks of other processes meet.
 // Not installed, not part of any contract; hidden (CXX_VISIBILITY_PRESET
 // hidden, libbkcl.map).
 //
@@ -129,13 +130,18 @@ struct Message {
   std::vector<char> data;
 };
 
-// A communicator: the ranks of one unique id.
+class Hub;  // fake_bkcl_hub.h
+
+// A communicator: the ranks of one unique id, as this process sees it.
 struct Comm {
   uint64_t serial = 0;  // for messages: "communicator 3"
   int nranks = 0;
-  std::vector<int> devices;  // per rank; -1 until it joined
-  int joined = 0;
-  bool formed = false;   // every rank joined
+  std::vector<int> devices;  // per rank; -1 for a rank of another process
+  int local_ranks = 0;       // ranks of this process
+  int joined = 0;            // of them, those that have their context
+  // Set when some rank is in another process: every collective then runs
+  // through the hub (Hub::RunSpanning) instead of `rounds`.
+  std::shared_ptr<Hub> hub;
   bool aborted = false;  // bkcl_comm_abort
   std::map<uint64_t, std::shared_ptr<Round>> rounds;
   // (sender, receiver, n-th send between them) -> message.
@@ -183,7 +189,8 @@ struct State {
   std::condition_variable cv;
   bool shutdown = false;  // the library unloads (process exit): every wait gives up
   std::unordered_map<uintptr_t, std::shared_ptr<Rank>> contexts;
-  std::map<std::string, std::shared_ptr<Comm>> forming;  // by id, until formed
+  // By id, from formation until each of this process's ranks has its context.
+  std::map<std::string, std::shared_ptr<Comm>> forming;
   uint64_t next_comm = 1;
   // Context handles are addresses in a PROT_NONE region, never reused: a
   // host dereference faults, a stale handle is refused.
@@ -207,6 +214,10 @@ void RecordError(const std::string& what);
 
 // The kernel every call queues: runs the Op (a new'd Op*, deleted here).
 void RunOp(void* arg);
+
+// out[i] = srcs[0][i] op srcs[1][i] op ..., in rank order, computed in the
+// dtype's compute type (float for the 16-bit floats: rounded once).
+void ReduceInto(const std::vector<const char*>& srcs, uint64_t n, int dtype, int op, char* out);
 
 }  // namespace fake_bkcl
 

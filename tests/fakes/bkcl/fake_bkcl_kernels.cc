@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "fake_bkcl_hub.h"
 #include "fake_bkcl_internal.h"
 
 namespace fake_bkcl {
@@ -422,8 +423,16 @@ void RunRecv(const Op& op) {
 
 }  // namespace
 
+void ReduceInto(const std::vector<const char*>& srcs, uint64_t n, int dtype, int op, char* out) {
+  Reduce(srcs, n, dtype, op, out);
+}
+
 void RunOp(void* arg) {
   const std::unique_ptr<Op> op(static_cast<Op*>(arg));
+  if (op->comm->hub != nullptr) {  // ranks in other processes (collectives only)
+    op->comm->hub->RunSpanning(*op);
+    return;
+  }
   switch (op->post.kind) {
     case Kind::kSend: RunSend(*op); break;
     case Kind::kRecv: RunRecv(*op); break;
