@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "collectives/communicators.h"
 #include "collectives/groups_between_daemons.h"
+#include "collectives/rank_between_daemons.h"
 #include "flagos/device_memory_tensor.h"
 #include "flagos/op_executor.h"
 
@@ -164,9 +165,12 @@ absl::Status Issue(CollectiveRank& rank, const RankPart& p) {
 
 class LibraryCollectiveExecutor final : public OpExecutor {
  public:
-  LibraryCollectiveExecutor(DeviceCollectives& library, int devices,
+  LibraryCollectiveExecutor(DeviceCollectives& library, DeviceRuntime& runtime,
                             std::unique_ptr<OpExecutor> inner)
-      : library_(library), devices_(devices), inner_(std::move(inner)) {}
+      : library_(library),
+        runtime_(runtime),
+        devices_(runtime.DeviceCount()),
+        inner_(std::move(inner)) {}
 
   c10::Device AtenDevice(int device) const override { return PrivateUse1Device(device); }
 
@@ -207,7 +211,8 @@ class LibraryCollectiveExecutor final : public OpExecutor {
   // takes the call; it also raises the errors of malformed calls).
   absl::Status Describe(Kind kind, const std::vector<c10::IValue>& a, RankPart* part,
                         std::string* signature, uint64_t* bytes, std::string* comm,
-                        int64_t* rank, int64_t* nranks, double* timeout_s) const {
+                        int64_t* rank, int64_t* nranks, double* timeout_s,
+                        std::shared_ptr<RankBetweenDaemons>* between) const {
     // Every schema starts with the tensor the op returns (self or out).
     const at::Tensor& first = a[0].toTensor();
     const bool two_tensors = kind == Kind::kAllGather || kind == Kind::kReduceScatter ||
@@ -221,10 +226,10 @@ class LibraryCollectiveExecutor final : public OpExecutor {
     if (*nranks < 1 || *rank < 0 || *rank >= *nranks) {
       return DeclinedError("a rank outside its group");
     }
-    if (GroupsBetweenDaemons::Get().Find(CollectiveCaller::session(), *comm) != nullptr) {
-      return DeclinedError("a group that spans daemons: gloo between them, on the host route");
-    }
-    if (*nranks > devices_) {
+    // A group that spans daemons: the library between the daemons' devices
+    // (each daemon checks its own ranks' devices when they join it).
+    *between = GroupsBetweenDaemons::Get().Find(CollectiveCaller::session(), *comm);
+    if (*between == nullptr && *nranks > devices_) {
       return DeclinedError("more ranks than devices: the library runs one rank per device");
     }
     const std::optional<CollectiveElement> type = ElementOf(input.scalar_type());
@@ -301,13 +306,21 @@ class LibraryCollectiveExecutor final : public OpExecutor {
     int64_t rank = 0;
     int64_t nranks = 0;
     double timeout_s = 0;
+    std::shared_ptr<RankBetweenDaemons> between;
     if (absl::Status s = Describe(kind, *stack, &part, &signature, &bytes, &comm, &rank, &nranks,
-                                  &timeout_s);
+                                  &timeout_s, &between);
         !s.ok()) {
       return s;
     }
     part.device = device;
     part.stream = stream;
+    if (between != nullptr) {
+      if (absl::Status s = RunBetweenDaemons(*between, part, signature, bytes, timeout_s);
+          !s.ok()) {
+        return s;
+      }
+      return Returned(stack);
+    }
     const int n = static_cast<int>(nranks);
     absl::Status status = Communicators::Get().Arrive(
         comm, static_cast<int>(rank), n, CollectiveCaller::session(), CollectiveCaller::pid(),
@@ -340,14 +353,50 @@ class LibraryCollectiveExecutor final : public OpExecutor {
         });
     if (!status.ok()) return status;
     if (rank == 0) Communicators::Get().CountLibraryCollective();
-    // The op returns its first argument (self or out), written in place.
+    return Returned(stack);
+  }
+
+  // The op returns its first argument (self or out), written in place.
+  static absl::Status Returned(torch::jit::Stack* stack) {
     c10::IValue result = std::move((*stack)[0]);
     stack->clear();
     stack->push_back(std::move(result));
     return absl::OkStatus();
   }
 
+  // This rank's part of a collective between daemons, through the library
+  // (rank_between_daemons.h): it returns once the part completed on the
+  // device, as the gloo route's collectives do. Counted per rank, on each
+  // daemon.
+  absl::Status RunBetweenDaemons(RankBetweenDaemons& between, const RankPart& part,
+                                 const std::string& signature, uint64_t bytes, double timeout_s) {
+    // Complete once an event recorded after the part is.
+    absl::StatusOr<EventHandle> event = runtime_.CreateEvent(part.device, /*enable_timing=*/false);
+    if (!event.ok()) return event.status();
+    absl::Status failed;
+    try {
+      between.RunThroughLibrary(
+          signature, timeout_s, library_, part.device,
+          [&](CollectiveRank& rank) {
+            absl::Status issued = Issue(rank, part);
+            return issued.ok() ? runtime_.RecordEvent(part.device, *event, part.stream) : issued;
+          },
+          [&]() { return runtime_.QueryEvent(part.device, *event); });
+    } catch (const c10::Error& e) {
+      failed = absl::AbortedError(e.what_without_backtrace());
+    }
+    (void)runtime_.DestroyEvent(part.device, *event);
+    if (!failed.ok()) {
+      GroupsBetweenDaemons::Get().Count(0, /*ok=*/false);
+      return failed;
+    }
+    GroupsBetweenDaemons::Get().Count(bytes, /*ok=*/true);
+    Communicators::Get().CountLibraryCollective();
+    return absl::OkStatus();
+  }
+
   DeviceCollectives& library_;
+  DeviceRuntime& runtime_;
   const int devices_;
   const std::unique_ptr<OpExecutor> inner_;
 };
@@ -358,9 +407,9 @@ class LibraryCollectiveExecutor final : public OpExecutor {
 const char* LibraryCollectivesNamespace() { return library_route::kNamespace; }
 
 std::unique_ptr<OpExecutor> CreateLibraryCollectiveExecutor(DeviceCollectives& collectives,
-                                                            int devices,
+                                                            DeviceRuntime& runtime,
                                                             std::unique_ptr<OpExecutor> inner) {
-  return std::make_unique<library_route::LibraryCollectiveExecutor>(collectives, devices,
+  return std::make_unique<library_route::LibraryCollectiveExecutor>(collectives, runtime,
                                                                     std::move(inner));
 }
 

@@ -15,11 +15,19 @@
 // takes the host route (cpu_fallback: device→host, the daemon's threads,
 // host→device): a dtype it has no type for, avg and the bitwise reductions,
 // non-contiguous tensors, uneven all_to_all splits (or a library without
-// all-to-all), a group with more ranks than the node has devices, a group
-// that spans daemons (groups_between_daemons.h: gloo, on host memory). The
-// decision depends only on what every rank's call shares, so all ranks take
-// the same route; a rank that takes the other one fails the collective on
-// every rank, naming both (the signatures differ).
+// all-to-all), a group of one daemon with more ranks than it has devices.
+// The decision depends only on what every rank's call shares, so all ranks
+// take the same route; a rank that takes the other one fails the
+// collective on every rank, naming both (the signatures differ).
+//
+// A group that spans daemons (groups_between_daemons.h) takes the library
+// too, between the daemons' devices, with the same id and the same checks
+// (RankBetweenDaemons::RunThroughLibrary: its ranks compare their calls
+// through gloo first, rank 0's daemon publishes the id in the Store); its
+// part returns once complete on the device, or fails past the group's
+// timeout. Its other calls take gloo on the host route. A daemon without
+// the library (another node's) takes gloo for every call: the ranks' calls
+// then differ, and the collective fails on every rank naming both routes.
 //
 // send_/recv_ and destroy_communicator stay on the host route (the library's
 // point-to-point calls need the group's communicator, which a pair of ranks
@@ -30,6 +38,7 @@
 #include <memory>
 
 #include "flagos/device_collectives.h"
+#include "flagos/runtime.h"
 
 namespace flagos {
 class OpExecutor;
@@ -40,11 +49,11 @@ namespace flagos::daemon {
 // The namespace whose operators the result may run ("flagos_c10d").
 const char* LibraryCollectivesNamespace();
 
-// `collectives` must outlive the result; `inner` may be null (no native op
-// kernels: every other operator is declined). `devices`: the backend's
-// device count.
+// `collectives` and `runtime` (the backend's) must outlive the result;
+// `inner` may be null (no native op kernels: every other operator is
+// declined).
 std::unique_ptr<OpExecutor> CreateLibraryCollectiveExecutor(DeviceCollectives& collectives,
-                                                            int devices,
+                                                            DeviceRuntime& runtime,
                                                             std::unique_ptr<OpExecutor> inner);
 
 }  // namespace flagos::daemon

@@ -145,6 +145,15 @@ RankBetweenDaemons::~RankBetweenDaemons() = default;
 
 void RankBetweenDaemons::Run(const std::string& signature, double timeout_s, const Issue& issue,
                              Check check, const Precheck& precheck) {
+  RunBody(signature, timeout_s,
+          [&](std::chrono::milliseconds timeout) { issue(timeout)->wait(); }, check, precheck,
+          "gloo between the daemons");
+}
+
+void RankBetweenDaemons::RunBody(const std::string& signature, double timeout_s,
+                                 const std::function<void(std::chrono::milliseconds)>& body,
+                                 Check check, const Precheck& precheck,
+                                 absl::string_view engine) {
   const std::chrono::milliseconds timeout = Millis(timeout_s);
   // Collectives one at a time, in order; a send or recv does not wait for
   // them (its peer may first need this rank's other one).
@@ -167,14 +176,17 @@ void RankBetweenDaemons::Run(const std::string& signature, double timeout_s, con
               " collectives already wait for their peers on this device's workers");
   std::string mismatch;
   std::string failure;
+  // The comparison runs through gloo whatever carries the collective.
+  absl::string_view failed_in = "gloo between the daemons";
   try {
     if (check == Check::kSameCall) {
       mismatch = CheckSameCall(signature, timeout, precheck ? precheck(timeout) : std::string());
     }
-    if (mismatch.empty()) issue(timeout)->wait();
+    failed_in = engine;
+    if (mismatch.empty()) body(timeout);
   } catch (const std::exception& e) {
     const std::string left = PeersThatLeft();
-    failure = absl::StrCat(left, left.empty() ? "" : "; ", "gloo between the daemons: ", Why(e),
+    failure = absl::StrCat(left, left.empty() ? "" : "; ", failed_in, ": ", Why(e),
                            "; the process group is broken; restart the job");
   }
   if (failure.empty() && mismatch.empty()) return;

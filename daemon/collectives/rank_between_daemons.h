@@ -14,7 +14,9 @@
 // exchanges its split sizes. A collective that fails (a peer gone, the
 // timeout) breaks the rank: each later one fails at once with that error.
 // When a rank's session closes, its daemon leaves a note in the Store
-// (NoteLeft); a peer's failed collective names the ranks that left.
+// (NoteLeft); a peer's failed collective names the ranks that left. On a
+// backend with a collective library (BKCL), the collectives it can take run
+// through it instead, between the daemons' devices (RunThroughLibrary).
 //
 // Thread safety: one rank's collectives run one at a time, in the order its
 // kernels call them (a mutex): each may be called from any thread.
@@ -33,8 +35,12 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "flagos/device_collectives.h"
 
 namespace flagos::daemon {
 
@@ -66,6 +72,22 @@ class RankBetweenDaemons {
   void AllToAll(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
                 const std::vector<int64_t>& in_splits, const std::string& signature,
                 double timeout_s);
+  // A collective through the devices' collective library (BKCL on
+  // kunlunxin) instead of gloo, on the tensors' device memory
+  // (library_collectives.h decides which calls take it; every rank of the
+  // group must, or the comparison of their calls fails them all): after the
+  // same comparison, `issue` issues this rank's part on its stream with the
+  // rank's library context, joined by the group's first such call (rank 0's
+  // daemon makes the communicator id and publishes it in the Store; the
+  // ranks first check that no two of them share a device of one daemon).
+  // Then it waits until `done` says the stream completed the part; past the
+  // group's timeout the library context is aborted and the rank broken.
+  // Throws c10::Error naming the collective and why.
+  void RunThroughLibrary(const std::string& signature, double timeout_s,
+                         DeviceCollectives& library, int device,
+                         const std::function<absl::Status(CollectiveRank&)>& issue,
+                         const std::function<absl::StatusOr<bool>()>& done);
+
   void Send(const at::Tensor& t, int64_t dst, int64_t tag, double timeout_s);
   void Recv(at::Tensor& t, int64_t src, int64_t tag, double timeout_s);
 
@@ -89,6 +111,15 @@ class RankBetweenDaemons {
   // breaks the rank; both throw c10::Error.
   void Run(const std::string& signature, double timeout_s, const Issue& issue,
            Check check = Check::kSameCall, const Precheck& precheck = nullptr);
+  // Run's steps around `body(timeout)`, which throws what failed; `engine`
+  // names what carried it in the error ("gloo between the daemons").
+  void RunBody(const std::string& signature, double timeout_s,
+               const std::function<void(std::chrono::milliseconds)>& body, Check check,
+               const Precheck& precheck, absl::string_view engine);
+  // The library context of this rank on `device`, joined the first time
+  // (RunThroughLibrary); throws c10::Error. Called with order_mu_ held.
+  CollectiveRank& LibraryRank(DeviceCollectives& library, int device,
+                              std::chrono::milliseconds timeout);
   // "" when every rank called `signature` and none found a `problem`; else
   // what differs or what was found, the same on every rank.
   std::string CheckSameCall(const std::string& signature, std::chrono::milliseconds timeout,
@@ -104,6 +135,11 @@ class RankBetweenDaemons {
   const c10::intrusive_ptr<c10d::Backend> group_;
 
   absl::Mutex order_mu_;  // held through a collective: they run one at a time
+  // The rank's context in the devices' collective library (joined by the
+  // first collective through it), and its device: touched only inside a
+  // collective, order_mu_ held (RunBody's body).
+  std::unique_ptr<CollectiveRank> library_rank_;
+  int library_device_ = -1;
   absl::Mutex mu_;
   int64_t next_ ABSL_GUARDED_BY(mu_) = 0;  // the next collective's number
   std::string broken_ ABSL_GUARDED_BY(mu_);  // why the rank broke; "" while it works

@@ -193,8 +193,7 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(const BackendOptions& o
         CreateBkclCollectives(*runtime, kunlunxin::BkclSearch());
     if (bkcl.ok()) {
       collectives = *std::move(bkcl);
-      native = CreateLibraryCollectiveExecutor(*collectives, runtime->DeviceCount(),
-                                               std::move(native));
+      native = CreateLibraryCollectiveExecutor(*collectives, *runtime, std::move(native));
       routes->RouteNamespace(LibraryCollectivesNamespace(), OpRoute::kNative);
       collectives_description = collectives->description();
       LogInfo(absl::StrCat("kunlunxin: collectives run through ", collectives_description));

@@ -85,6 +85,68 @@ def test_a_failing_bkcl_call_fails_the_collective_on_every_rank(start_daemon, ru
     assert check.returncode == 0 and check.stdout.strip() == "6.0", check.stderr
 
 
+def between(daemons) -> dict[str, str]:
+    """Rank r on daemons[r]: a group that spans daemons (a private daemon per rank)."""
+    return {"FLAGOS_TEST_ENDPOINTS": ",".join(d.endpoint for d in daemons)}
+
+
+def quiet_between(samples: dict[str, float]) -> bool:
+    return quiet(samples) and samples.get("flagosd_ranks_between_daemons", -1) == 0
+
+
+def test_between_daemons_the_collectives_run_through_bkcl_on_device_memory(start_daemon) -> None:
+    # Two kunlunxin daemons, one rank each: the ranks' BKCL communicator
+    # spans the daemons (its id through the job's Store; the fake BKCL's
+    # ranks meet across processes). Every collective matches its arithmetic;
+    # BKCL carries what it takes, gloo the rest.
+    daemons = [start(start_daemon) for _ in range(2)]
+    ok(torchrun(daemons[0], "collectives", **between(daemons)), "collectives")
+    for d in daemons:
+        after = settled(d, quiet_between)
+        by_bkcl = after["flagosd_collectives_by_library_total"]
+        total = after["flagosd_collectives_between_daemons_total"]
+        assert by_bkcl >= 12 and total - by_bkcl >= 8, after
+        assert after["flagosd_collective_between_daemons_failures_total"] == 0, after
+        assert after["flagosd_collectives_total"] == 0, after  # none met in one daemon
+        assert quiet_between(after), after
+    # The same 4 allreduces of 16 MiB per rank with BKCL and without: through
+    # BKCL no collective byte takes the host route (device -> host -> gloo).
+    moved = {}
+    for name, env in (("bkcl", {}), ("off", {"FLAGOS_KUNLUNXIN_BKCL": "off"})):
+        pair = [start(start_daemon, **env) for _ in range(2)]
+        ok(torchrun(pair[0], "large", **between(pair)), "large")
+        moved[name] = sum(summed(settled(d, quiet_between), "flagosd_cpu_fallback_bytes_total")
+                          for d in pair)
+    assert moved["off"] - moved["bkcl"] >= 2 * 4 * 2 * (16 << 20), moved
+
+
+def test_between_daemons_a_failing_bkcl_call_fails_both_ranks_within_the_timeout(
+    start_daemon,
+) -> None:
+    # Rank 1's daemon cannot issue its part: rank 1 fails at once naming the
+    # call; rank 0, whose part waits on the device for a peer that will
+    # never come, is aborted at the group's timeout. Both groups are broken.
+    daemons = [start(start_daemon), start(start_daemon, FAKE_BKCL_FAIL="all_reduce")]
+    results = launch(daemons[0], "library_failure", FLAGOS_TEST_PG_TIMEOUT_S="3",
+                     **between(daemons))
+    lines = []
+    for code, out, err in results:
+        assert code == 0, out + err[-6000:]
+        lines.append(reports(out, "library_failure"))
+    assert len(lines[0]) == 2 and len(lines[1]) == 2, lines
+    assert re.search(r"BKCL \(.*\) between the daemons: its part did not complete within the "
+                     r"group's timeout \(3000 ms\): a peer did not issue its part; the "
+                     r"communicator was aborted; the process group is broken", lines[0][0]), lines
+    assert re.search(r"BKCL \(.*\) between the daemons: .*bkcl_all_reduce failed: "
+                     r"BKCL_RUNTIME_ERROR \(2\)", lines[1][0]), lines
+    for rank_lines in lines:  # the broken group's next collective fails at once
+        assert "the process group is broken" in rank_lines[1], lines
+    for d in daemons:
+        after = settled(d, quiet_between)
+        assert after["flagosd_collective_between_daemons_failures_total"] == 2, after
+        assert quiet_between(after), after
+
+
 def test_two_ranks_on_one_device_are_refused_naming_them(start_daemon) -> None:
     daemon = start(start_daemon)
     for code, out, err in launch(daemon, "same_device", FLAGOS_TEST_DEVICE="0",
