@@ -35,18 +35,6 @@ constexpr int kDtypes[] = {bkcl::kUint8, bkcl::kInt32, bkcl::kInt64, bkcl::kFloa
                            bkcl::kBfloat16, bkcl::kFloat, bkcl::kFloat64};
 constexpr int kOps[] = {bkcl::kAdd, bkcl::kProduct, bkcl::kMax, bkcl::kMin};
 
-void Compare(const std::string& what, int r, const std::vector<double>& got, const std::vector<double>& want) {
-  if (got == want) return;
-  ++g_failures;
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    if (got[i] != want[i]) {
-      std::fprintf(stderr, "%s, rank %d: element %zu is %g, want %g\n", what.c_str(), r, i, got[i], want[i]);
-      return;
-    }
-  }
-  std::fprintf(stderr, "%s, rank %d: %zu elements, want %zu\n", what.c_str(), r, got.size(), want.size());
-}
-
 // Rank r's recv still holds only the sentinel.
 bool Untouched(const RankState& s, size_t bytes) {
   const std::vector<char> b = Get(s.recv, bytes);
@@ -68,13 +56,6 @@ void Case(World& w, const std::string& what, int dtype, size_t send_elems, size_
     Compare(what + " dtype " + std::to_string(dtype), r, Decode(dtype, Get(s.recv, recv_elems * Size(dtype))),
             expect(r));
   });
-}
-
-// Every rank's i-th input (at element `at`), folded with op in rank order.
-double Folded(int n, int dtype, int op, size_t at) {
-  double acc = In(dtype, 0, at);
-  for (int k = 1; k < n; ++k) acc = Fold(op, acc, In(dtype, k, at));
-  return acc;
 }
 
 void TestCollectives(int n) {

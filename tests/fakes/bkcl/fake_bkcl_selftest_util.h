@@ -176,6 +176,28 @@ inline std::vector<double> Inputs(int dtype, int r, size_t n) {
   return v;
 }
 
+// Every rank's i-th input (at element `at`), folded with op in rank order.
+inline double Folded(int n, int dtype, int op, size_t at) {
+  double acc = In(dtype, 0, at);
+  for (int k = 1; k < n; ++k) acc = Fold(op, acc, In(dtype, k, at));
+  return acc;
+}
+
+// Counts a failure (and prints the first differing element) unless rank r's
+// `got` is `want`.
+inline void Compare(const std::string& what, int r, const std::vector<double>& got,
+                    const std::vector<double>& want) {
+  if (got == want) return;
+  ++g_failures;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    if (got[i] != want[i]) {
+      std::fprintf(stderr, "%s, rank %d: element %zu is %g, want %g\n", what.c_str(), r, i, got[i], want[i]);
+      return;
+    }
+  }
+  std::fprintf(stderr, "%s, rank %d: %zu elements, want %zu\n", what.c_str(), r, got.size(), want.size());
+}
+
 // ---- ranks and devices --------------------------------------------------------
 
 // Runs f(r) on n threads, thread r with device r current.

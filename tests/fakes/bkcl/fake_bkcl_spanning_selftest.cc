@@ -51,24 +51,6 @@ bkcl::UniqueId Unhex(const std::string& s) {
   return id;
 }
 
-double Folded(int n, int dtype, int op, size_t at) {
-  double acc = In(dtype, 0, at);
-  for (int k = 1; k < n; ++k) acc = Fold(op, acc, In(dtype, k, at));
-  return acc;
-}
-
-void Expect(const std::string& what, int rank, const std::vector<double>& got, const std::vector<double>& want) {
-  if (got == want) return;
-  ++g_failures;
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    if (got[i] != want[i]) {
-      std::fprintf(stderr, "%s, rank %d: element %zu is %g, want %g\n", what.c_str(), rank, i, got[i], want[i]);
-      return;
-    }
-  }
-  std::fprintf(stderr, "%s, rank %d: %zu elements, want %zu\n", what.c_str(), rank, got.size(), want.size());
-}
-
 struct Rank {
   int rank, n, device;
   bkcl::Context ctx = nullptr;
@@ -102,14 +84,14 @@ void Collectives(Rank& s) {
     for (int op : {bkcl::kAdd, bkcl::kProduct, bkcl::kMax, bkcl::kMin}) {
       std::vector<double> want(c);
       for (size_t i = 0; i < c; ++i) want[i] = Folded(n, dt, op, i);
-      Expect(tag + "all_reduce op " + std::to_string(op), r,
+      Compare(tag + "all_reduce op " + std::to_string(op), r,
              s.Run(dt, c, c, [&] { return api.bkcl_all_reduce(s.ctx, s.send, s.recv, c, dt, op, s.stream); }), want);
       for (size_t i = 0; i < c; ++i) want[i] = Folded(n, dt, op, r * c + i);
-      Expect(tag + "reduce_scatter op " + std::to_string(op), r,
+      Compare(tag + "reduce_scatter op " + std::to_string(op), r,
              s.Run(dt, n * c, c, [&] { return api.bkcl_reduce_scatter(s.ctx, s.send, s.recv, c, dt, op, s.stream); }),
              want);
     }
-    Expect(tag + "broadcast", r,
+    Compare(tag + "broadcast", r,
            s.Run(dt, c, c, [&] { return api.bkcl_broadcast(s.ctx, s.send, s.recv, c, dt, n - 1, s.stream); }),
            Inputs(dt, n - 1, c));
     std::vector<double> gathered, exchanged;
@@ -119,9 +101,9 @@ void Collectives(Rank& s) {
         exchanged.push_back(In(dt, k, r * c + i));
       }
     }
-    Expect(tag + "all_gather", r,
+    Compare(tag + "all_gather", r,
            s.Run(dt, c, n * c, [&] { return api.bkcl_all_gather(s.ctx, s.send, c, s.recv, dt, s.stream); }), gathered);
-    Expect(tag + "all_to_all", r,
+    Compare(tag + "all_to_all", r,
            s.Run(dt, n * c, n * c, [&] { return api.bkcl_all_to_all(s.ctx, s.send, c, s.recv, dt, s.stream); }),
            exchanged);
   }
@@ -132,7 +114,7 @@ void Collectives(Rank& s) {
   CHECK_RC(api.xpu_wait(s.stream), 0);
   std::vector<double> sum(c);
   for (size_t i = 0; i < c; ++i) sum[i] = Folded(n, f, bkcl::kAdd, i);
-  Expect("in-place all_reduce", r, Decode(f, Get(s.send, c * Size(f))), sum);
+  Compare("in-place all_reduce", r, Decode(f, Get(s.send, c * Size(f))), sum);
   // Many rounds queued at once: the two slots are reused in turn.
   std::vector<void*> outs(24);
   Put(s.send, Encode(f, Inputs(f, r, c)));
@@ -142,7 +124,7 @@ void Collectives(Rank& s) {
   }
   CHECK_RC(api.xpu_wait(s.stream), 0);
   for (void* o : outs) {
-    Expect("queued all_reduce", r, Decode(f, Get(o, c * Size(f))), sum);
+    Compare("queued all_reduce", r, Decode(f, Get(o, c * Size(f))), sum);
     CHECK_RC(api.xpu_free(o), 0);
   }
   // Ranks that disagree: nothing written, recorded; the next round works.
@@ -151,7 +133,7 @@ void Collectives(Rank& s) {
   CHECK_RC(api.xpu_wait(s.stream), 0);
   CHECK(s.Untouched());
   CHECK(LastErrorHas("disagree"));
-  Expect("all_reduce after a mismatch", r,
+  Compare("all_reduce after a mismatch", r,
          s.Run(f, c, c, [&] { return api.bkcl_all_reduce(s.ctx, s.send, s.recv, c, f, bkcl::kAdd, s.stream); }), sum);
   // Point to point is not modelled between processes: refused at issue.
   CHECK_RC(api.bkcl_send(s.ctx, s.send, c, (r + 1) % n, f, s.stream), bkcl::kInvalidArgument);
