@@ -431,12 +431,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s <path to libxpurt.so.2> <path to libbkcl.so>\n", argv[0]);
     return 2;
   }
-  // Read when the fakes load, or at each call: set before either.
-  setenv("FAKE_XPU_DEVICES", "4", 1);
-  setenv("BKCL_TIMEOUT", "60", 1);
-  unsetenv("FAKE_BKCL_FAIL");
-  unsetenv("FAKE_BKCL_INIT_TIMEOUT_MS");
-  REQUIRE(Load(argv[1], argv[2]));
+  LoadForSelftest(argv[1], argv[2]);
 
   TestCollectives(2);
   TestCollectives(3);

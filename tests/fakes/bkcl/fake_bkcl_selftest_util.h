@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -70,6 +71,17 @@ inline bool Load(const char* xpurt_path, const char* bkcl_path) {
   resolve(b, "fake_bkcl_live_contexts", &api.live_contexts);
   resolve(b, "fake_bkcl_last_error", &api.last_error);
   return ok;
+}
+
+// The self-tests' environment (4 devices; a bug hangs a minute, not ten;
+// nothing injected), set before the fakes load, then Load. Exits when a
+// function is missing.
+inline void LoadForSelftest(const char* xpurt_path, const char* bkcl_path) {
+  setenv("FAKE_XPU_DEVICES", "4", 1);
+  setenv("BKCL_TIMEOUT", "60", 1);
+  unsetenv("FAKE_BKCL_FAIL");
+  unsetenv("FAKE_BKCL_INIT_TIMEOUT_MS");
+  REQUIRE(Load(xpurt_path, bkcl_path));
 }
 
 inline bool LastErrorHas(const char* text) { return std::strstr(api.last_error(), text) != nullptr; }

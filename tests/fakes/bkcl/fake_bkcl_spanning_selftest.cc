@@ -214,11 +214,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s <path to libxpurt.so.2> <path to libbkcl.so>\n", argv[0]);
     return 2;
   }
-  setenv("FAKE_XPU_DEVICES", "4", 1);
-  setenv("BKCL_TIMEOUT", "60", 1);
-  unsetenv("FAKE_BKCL_FAIL");
-  unsetenv("FAKE_BKCL_INIT_TIMEOUT_MS");
-  REQUIRE(Load(argv[1], argv[2]));
+  LoadForSelftest(argv[1], argv[2]);
   if (child) {
     RunRank(std::atoi(argv[4]), std::atoi(argv[5]), 0, Unhex(argv[6]), argv[7]);
   } else {
