@@ -151,7 +151,7 @@ def test_a_rank_that_never_joins_times_out(daemons) -> None:
 def test_a_restart_of_one_ranks_daemon_ends_the_group_on_both(daemons) -> None:
     # A short group timeout: on kunlunxin a BKCL part that waits for the
     # restarted daemon's rank runs it out.
-    procs = spawn(daemons[0], "restarted", FLAGOS_TEST_PG_TIMEOUT_S="20", **endpoints(daemons))
+    procs = spawn(daemons[0], "restarted", FLAGOS_TEST_PG_TIMEOUT_S="30", **endpoints(daemons))
     try:
         for p in procs:  # both ranks all_reduce in a loop
             line = p.stdout.readline()
