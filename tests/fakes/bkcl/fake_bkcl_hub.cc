@@ -160,23 +160,21 @@ uint64_t SendBytes(const Post& p, int nranks) {
   }
 }
 
-std::string DescribePost(const HubPost& p) {
-  std::string s = std::string(KindName(static_cast<Kind>(p.kind))) + " count " +
-                  std::to_string(p.count) + " dtype " + std::to_string(p.dtype);
-  if (Reduces(static_cast<Kind>(p.kind))) s += " op " + std::to_string(p.op);
-  if (static_cast<Kind>(p.kind) == Kind::kBroadcast) s += " root " + std::to_string(p.root);
-  return s;
+// The call a rank published, as the kernels describe and compare calls.
+Post AsPost(const HubPost& p) {
+  Post q;
+  q.kind = static_cast<Kind>(p.kind);
+  q.count = p.count;
+  q.dtype = p.dtype;
+  q.op = p.op;
+  q.root = p.root;
+  return q;
 }
 
-bool PostsAgree(const HubRound& r, int n) {
-  for (int k = 1; k < n; ++k) {
-    const HubPost& a = r.posts[0];
-    const HubPost& b = r.posts[k];
-    if (a.kind != b.kind || a.count != b.count || a.dtype != b.dtype) return false;
-    if (Reduces(static_cast<Kind>(a.kind)) && a.op != b.op) return false;
-    if (static_cast<Kind>(a.kind) == Kind::kBroadcast && a.root != b.root) return false;
-  }
-  return true;
+std::vector<Post> PostsOf(const HubRound& r, int n) {
+  std::vector<Post> out;
+  for (int k = 0; k < n; ++k) out.push_back(AsPost(r.posts[k]));
+  return out;
 }
 
 void Nap() { std::this_thread::sleep_for(std::chrono::microseconds(200)); }
@@ -320,11 +318,6 @@ std::vector<int> Hub::LocalDevices() const {
   return out;
 }
 
-bool Hub::Broken() const {
-  Locked lk(shared_);
-  return shared_->broken != 0;
-}
-
 void Hub::RunSpanning(const Op& op) {
   HubShared* h = shared_;
   const int n = op.comm->nranks;
@@ -378,7 +371,7 @@ void Hub::RunSpanning(const Op& op) {
     mine.count = op.post.count;
     mine.send_bytes = send_bytes;
     r.arrived[op.rank] = 1;
-    if (++r.posted == n) r.state = PostsAgree(r, n) ? kReady : kMismatch;
+    if (++r.posted == n) r.state = Agree(PostsOf(r, n)) ? kReady : kMismatch;
   }
   // 3. Every rank's call is there.
   HubRound copy;
@@ -409,7 +402,7 @@ void Hub::RunSpanning(const Op& op) {
   if (copy.state == kMismatch) {  // recorded in every rank's process
     std::string m = "communicator " + std::to_string(op.comm->serial) + ", round " + std::to_string(op.ticket) +
                     " (spanning processes): the ranks' calls disagree (";
-    for (int k = 0; k < n; ++k) m += (k == 0 ? "rank " : "; rank ") + std::to_string(k) + ": " + DescribePost(copy.posts[k]);
+    for (int k = 0; k < n; ++k) m += (k == 0 ? "rank " : "; rank ") + std::to_string(k) + ": " + Describe(AsPost(copy.posts[k]));
     RecordError(m + "); outputs left untouched");
   }
   // 4. Compute this rank's own outputs from the peers' files.

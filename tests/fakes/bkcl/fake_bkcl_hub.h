@@ -56,9 +56,6 @@ class Hub {
   bool Spans() const;
   std::vector<int> LocalDevices() const;
 
-  // A spanning communicator is broken (a wait gave up).
-  bool Broken() const;
-
   // The kernel of a collective on a spanning communicator (RunOp's).
   void RunSpanning(const Op& op);
 

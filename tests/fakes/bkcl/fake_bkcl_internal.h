@@ -215,6 +215,12 @@ void RecordError(const std::string& what);
 // The kernel every call queues: runs the Op (a new'd Op*, deleted here).
 void RunOp(void* arg);
 
+// "all_reduce count 4 dtype 5 op 0": a call as a mismatch names it.
+std::string Describe(const Post& p);
+// Whether the ranks' calls agree (kind, count, dtype; op for reductions,
+// root for broadcast).
+bool Agree(const std::vector<Post>& p);
+
 // out[i] = srcs[0][i] op srcs[1][i] op ..., in rank order, computed in the
 // dtype's compute type (float for the 16-bit floats: rounded once).
 void ReduceInto(const std::vector<const char*>& srcs, uint64_t n, int dtype, int op, char* out);

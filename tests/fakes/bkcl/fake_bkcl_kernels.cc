@@ -245,23 +245,6 @@ Share ComputeShare(const std::vector<Post>& p, int r) {
   return s;
 }
 
-std::string Describe(const Post& p) {
-  std::string s = std::string(KindName(p.kind)) + " count " + std::to_string(p.count) + " dtype " +
-                  std::to_string(p.dtype);
-  if (Reduces(p.kind)) s += " op " + std::to_string(p.op);
-  if (p.kind == Kind::kBroadcast) s += " root " + std::to_string(p.root);
-  return s;
-}
-
-bool Agree(const std::vector<Post>& p) {
-  for (const Post& q : p) {
-    if (q.kind != p[0].kind || q.count != p[0].count || q.dtype != p[0].dtype) return false;
-    if (Reduces(q.kind) && q.op != p[0].op) return false;
-    if (q.kind == Kind::kBroadcast && q.root != p[0].root) return false;
-  }
-  return true;
-}
-
 std::string Where(const Op& op) {
   return "communicator " + std::to_string(op.comm->serial) + ": rank " + std::to_string(op.rank) + "'s ";
 }
@@ -422,6 +405,23 @@ void RunRecv(const Op& op) {
 }
 
 }  // namespace
+
+std::string Describe(const Post& p) {
+  std::string s = std::string(KindName(p.kind)) + " count " + std::to_string(p.count) + " dtype " +
+                  std::to_string(p.dtype);
+  if (Reduces(p.kind)) s += " op " + std::to_string(p.op);
+  if (p.kind == Kind::kBroadcast) s += " root " + std::to_string(p.root);
+  return s;
+}
+
+bool Agree(const std::vector<Post>& p) {
+  for (const Post& q : p) {
+    if (q.kind != p[0].kind || q.count != p[0].count || q.dtype != p[0].dtype) return false;
+    if (Reduces(q.kind) && q.op != p[0].op) return false;
+    if (q.kind == Kind::kBroadcast && q.root != p[0].root) return false;
+  }
+  return true;
+}
 
 void ReduceInto(const std::vector<const char*>& srcs, uint64_t n, int dtype, int op, char* out) {
   Reduce(srcs, n, dtype, op, out);
