@@ -28,6 +28,7 @@ import graphs
 import kunlunxin_native
 import multiproc
 import roundtrip
+import repeated_calls
 import tcp
 import tiny_op
 import training
@@ -44,11 +45,12 @@ BENCHMARKS = {
     "tcp": tcp,
     "kunlunxin_native": kunlunxin_native,
     "graphs": graphs,
+    "repeated_calls": repeated_calls,
 }
 # More than this fraction of the CPUs busy with other work makes figures unreliable.
 BUSY_WARNING = 0.15
-# The whole run takes 1-4 minutes; past this, something hangs.
-WATCHDOG_S = 540
+# The whole run takes 3-6 minutes; past this, something hangs.
+WATCHDOG_S = 900
 DEFAULT_OUTPUT = common.REPO / "docs" / "performance.md"
 # The file's last section is written by hand from scripts/instructions-per-op
 # (callgrind counts, not times): a run keeps it as it finds it.
@@ -80,6 +82,8 @@ GOALS = [
     ("9. captured training step", f"an MLP step bound by tiny ops (4×64, batch {graphs.BATCH}), "
                                   f"captured once and replayed, ≤ {graphs.GOAL:g}× the same step "
                                   f"run eagerly by native CPU torch, with equal losses"),
+    ("10. repeated op calls", "no goal; eager loops with and without --reuse-op-calls, and the "
+                              "share of their op calls that ran prepared"),
 ]
 
 

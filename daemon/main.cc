@@ -145,6 +145,11 @@ ABSL_FLAG(std::string, record_client_messages, "",
           "Testing only: write every message clients send into this existing directory, one "
           "file each, rewritten to replay on their own (the fuzzer's seed corpus, scripts/fuzz; "
           "docs/operations.md). Empty (the default): nothing is recorded.");
+ABSL_FLAG(bool, reuse_op_calls, true,
+          "Run an operator call that a session sends again byte for byte (the same op, tensors "
+          "at the same addresses, scalars), its memory unchanged since, as the call prepared "
+          "the time before: no parse, decoding or checks again (docs/performance.md). "
+          "--reuse-op-calls=false parses and checks every call, to compare.");
 ABSL_FLAG(uint64_t, max_op_elements, 0,
           "Most tensor elements one operator call may name, summed over every tensor it names "
           "(arguments, list elements, outputs); a call naming more is refused with "
@@ -366,6 +371,7 @@ int Run(int argc, char** argv) {
         return absl::StartsWith(arg, "--metrics_listen") || absl::StartsWith(arg, "-metrics_listen");
       });
   server_options.record_client_messages_dir = absl::GetFlag(FLAGS_record_client_messages);
+  server_options.reuse_op_calls = absl::GetFlag(FLAGS_reuse_op_calls);
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(server_options, backend->get());
   if (!server.ok()) return Fail(server.status().message());
 

@@ -62,6 +62,8 @@ void DeviceMetrics::CountCpuFallbackBytes(uint64_t to_host, uint64_t to_device) 
 
 void DeviceMetrics::CountNativeDeclined() { native_declined_->Increment(); }
 
+void DeviceMetrics::CountRepeatedOp() { repeated_ops_->Increment(); }
+
 void DeviceMetrics::CountAllocation(uint64_t bytes) {
   allocations_->Increment();
   allocated_bytes_->Increment(static_cast<double>(bytes));
@@ -103,6 +105,14 @@ Metrics::Metrics(int devices) : registry_(std::make_shared<prometheus::Registry>
                 "library's NOT_IMPLEMENT, a dtype or argument it does not take) and that ran on "
                 "cpu_fallback instead, by device.")
           .Register(r);
+  auto& repeated_ops =
+      prometheus::BuildCounter()
+          .Name("flagosd_ops_repeated_total")
+          .Help("Eager operator calls that ran as the session's prepared copy of the same call "
+                "sent before (the same bytes: op, tensors at the same addresses, scalars; the "
+                "session's memory unchanged since), with no parse, decoding or checks, by "
+                "device; counted in flagosd_ops_total too.")
+          .Register(r);
   auto& allocations = prometheus::BuildCounter()
                           .Name("flagosd_segment_allocations_total")
                           .Help("Segments allocated for sessions, by device.")
@@ -131,6 +141,7 @@ Metrics::Metrics(int devices) : registry_(std::make_shared<prometheus::Registry>
     m->fallback_bytes_[1] =
         &fallback_bytes.Add({{"device", index}, {"direction", "device_to_host"}});
     m->native_declined_ = &native_declined.Add({{"device", index}});
+    m->repeated_ops_ = &repeated_ops.Add({{"device", index}});
     m->allocations_ = &allocations.Add({{"device", index}});
     m->allocated_bytes_ = &allocated_bytes.Add({{"device", index}});
     m->out_of_memory_ = &out_of_memory.Add({{"device", index}});

@@ -44,6 +44,9 @@ class DeviceMetrics {
   // `ops` calls of their mean duration, not timed one by one (two clock
   // reads per op would cost more than such a call's own bookkeeping).
   void CountPreparedOps(uint64_t ops, double seconds);
+  // An eager op call the session ran as its prepared copy of the same call
+  // sent before (sessions/repeated_op_calls.h); counted by CountOp too.
+  void CountRepeatedOp();
   void CountCopy(CopyDirection direction, uint64_t bytes);
   // Bytes the cpu_fallback route copied for one op call, each way.
   void CountCpuFallbackBytes(uint64_t to_host, uint64_t to_device);
@@ -60,6 +63,7 @@ class DeviceMetrics {
   prometheus::Counter* copy_bytes_[3] = {};
   prometheus::Counter* fallback_bytes_[2] = {};
   prometheus::Counter* native_declined_ = nullptr;
+  prometheus::Counter* repeated_ops_ = nullptr;
   prometheus::Counter* allocations_ = nullptr;
   prometheus::Counter* allocated_bytes_ = nullptr;
   prometheus::Counter* out_of_memory_ = nullptr;

@@ -1,7 +1,8 @@
 // A call the op runner decoded once, to be run again as it is: a captured
 // graph's op, prepared by its first replay (OpRunner::Run's `prepare`) and
-// run by every later one (OpRunner::RunPrepared) with no decoding, no
-// argument rules and no per-op range checks. Only a call that, once
+// run by every later one (OpRunner::RunPrepared), or an eager call a
+// session sends again byte for byte (sessions/repeated_op_calls.h), with no
+// decoding, no argument rules and no per-op range checks. Only a call that, once
 // decoded, is nothing but a kernel call is prepared: the native route (no
 // host copies), no values to send back, no out= scratch to copy, no
 // generator drawn per call.

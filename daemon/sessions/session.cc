@@ -77,7 +77,8 @@ Session::Session(uint64_t id, const v1::SessionOpen& open, const Backend& backen
       staging_token_(NewToken()),
       regions_(id, &backend.runtime()),
       streams_(id, &backend.runtime(), std::move(pools), activity),
-      events_(&backend.runtime()) {}
+      events_(&backend.runtime()),
+      repeated_ops_(backend.runtime().DeviceCount()) {}
 
 Session::~Session() { Close(); }
 
@@ -139,21 +140,77 @@ absl::Status Session::HandleBatch(v1::CommandBatch* batch, std::shared_ptr<const
   return absl::OkStatus();
 }
 
-void Session::Dispatch(v1::Command& command, const std::shared_ptr<const void>& keep,
-                       bool ordered) {
-  const uint64_t seq = command.seq();
-  const absl::string_view kind = CommandKindName(command);
-  if (ordered && has_seq_ && seq <= last_seq_) {
+absl::Status Session::HandleScannedBatch(const std::vector<ScannedCommand>& commands,
+                                         google::protobuf::Arena* arena,
+                                         std::shared_ptr<const void> keep) {
+  if (commands.size() > static_cast<size_t>(kMaxCommandsPerBatch)) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch carries ", commands.size(),
+                                                   " commands; the limit is ",
+                                                   kMaxCommandsPerBatch));
+  }
+  // Every command is found or parsed before any is dispatched: a batch
+  // that does not parse runs nothing, as when protobuf parses it whole.
+  std::vector<ScannedWork>& work = scanned_work_;
+  work.assign(commands.size(), ScannedWork());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    const ScannedCommand& scanned = commands[i];
+    if (scanned.op_only) {
+      work[i].repeated = repeated_ops_.Find(scanned.device, scanned.op);
+      if (work[i].repeated != nullptr) continue;
+      // Prepared when it runs if it came before (repeated_op_calls.h).
+      work[i].prepare = repeated_ops_.SeenBefore(scanned.device, scanned.op);
+    }
+    v1::Command* command = google::protobuf::Arena::CreateMessage<v1::Command>(arena);
+    if (!command->ParseFromArray(scanned.bytes.data(), static_cast<int>(scanned.bytes.size()))) {
+      work.clear();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a session message is not a flagos.v1.ClientMessage: its command #", i, " (",
+          scanned.bytes.size(), " bytes) is malformed wire data, or holds values nested deeper "
+          "than protobuf's limit of 100 levels; the session is ended: send messages serialized "
+          "from proto/flagos/v1/flagos.proto"));
+    }
+    work[i].parsed = command;
+  }
+  absl::MutexLock lock(&dispatch_mu_);
+  for (size_t i = 0; i < commands.size(); ++i) {
+    commands_.fetch_add(1, std::memory_order_relaxed);
+    const ScannedCommand& scanned = commands[i];
+    try {
+      if (work[i].repeated != nullptr) {
+        if (TakeSeq(scanned.seq, "op")) DispatchRepeated(scanned, std::move(work[i].repeated), keep);
+        continue;
+      }
+      Dispatch(*work[i].parsed, keep, /*ordered=*/true,
+               work[i].prepare ? scanned.op : absl::string_view());
+    } catch (const std::exception& e) {
+      const uint64_t seq = work[i].parsed != nullptr ? work[i].parsed->seq() : scanned.seq;
+      ReplyError(seq, work[i].parsed != nullptr ? CommandKindName(*work[i].parsed) : "op",
+                 absl::InternalError(absl::StrCat("flagosd failed to handle the command: ",
+                                                  e.what())));
+    }
+  }
+  work.clear();
+  return absl::OkStatus();
+}
+
+bool Session::TakeSeq(uint64_t seq, absl::string_view kind) {
+  if (has_seq_ && seq <= last_seq_) {
     ReplyError(seq, kind,
                absl::InvalidArgumentError(absl::StrCat(
                    "command ", seq, " (", kind, ") does not follow command ", last_seq_,
                    ": sequence numbers must strictly increase within a session")));
-    return;
+    return false;
   }
-  if (ordered) {
-    has_seq_ = true;
-    last_seq_ = seq;
-  }
+  has_seq_ = true;
+  last_seq_ = seq;
+  return true;
+}
+
+void Session::Dispatch(v1::Command& command, const std::shared_ptr<const void>& keep,
+                       bool ordered, absl::string_view op_bytes) {
+  const uint64_t seq = command.seq();
+  const absl::string_view kind = CommandKindName(command);
+  if (ordered && !TakeSeq(seq, kind)) return;
 
   const int device_count = backend_.runtime().DeviceCount();
   const auto check_device = [&]() {
@@ -212,7 +269,7 @@ void Session::Dispatch(v1::Command& command, const std::shared_ptr<const void>& 
         regions_.ReleaseStagedUpload(command);
         return ReplyError(seq, kind, s);
       }
-      return Enqueue(command, keep, ordered);
+      return Enqueue(command, keep, ordered, command.has_op() ? op_bytes : absl::string_view());
     case v1::Command::kRecordEvent:
       if (absl::Status s = check_device(); !s.ok()) return ReplyError(seq, kind, s);
       return RecordEvent(command);
@@ -347,6 +404,7 @@ Session::CloseSummary Session::Close() {
   // the backend events.
   events_.Clear();
   graphs_.Clear();
+  repeated_ops_.Clear();
   // No reply can come now: the last ones go out (unless the stream is
   // gone), then the writer stops; only then is the sync fd closed.
   replies_.Finish();

@@ -60,20 +60,24 @@
 // (allocate, free, the host regions' attach), session_sharing.cc
 // (export/import between sessions), session_streams.cc (queueing commands,
 // stream queries, the sync channel's requests), session_copies.cc (what a
-// queued command does on its stream: ops, copies, memset) and
-// session_events.cc (record/wait/query events). The state with a concept
-// of its own is a class of its own, which owns its lock: StreamTable
+// queued command does on its stream: ops, copies, memset),
+// session_events.cc (record/wait/query events), session_graphs.cc (captured
+// graphs) and session_repeated_ops.cc (op calls sent again byte for byte).
+// The state with a concept of its own is a class of its own, which owns its
+// lock: StreamTable
 // (execution/stream_table.h), EventTable (execution/event_table.h), the
 // completion fences (execution/completion_fences.h), HostRegions
-// (memory/host_regions.h), PendingFrees (memory/pending_frees.h) and
-// SyncChannel (transport/sync_channel.h).
+// (memory/host_regions.h), PendingFrees (memory/pending_frees.h),
+// RepeatedOpCalls (sessions/repeated_op_calls.h) and SyncChannel
+// (transport/sync_channel.h).
 //
 // Lock order (each lock only after those before it; ABSL_ACQUIRED_BEFORE on
 // the members says the same for the Session's own):
 //   dispatch_mu_ → memory_mu_ → imports_mu_ → clear_mu_ → payload_mu_
 //     → end_mu_
 //   and then the leaves, which nothing is locked under: the StreamTable's,
-//   EventTable's, HostRegions', PendingFrees', SyncChannel's and
+//   EventTable's, HostRegions', PendingFrees', RepeatedOpCalls',
+//   SyncChannel's and
 //   ReadyGate's locks, and those of the daemon-wide tables a command
 //   uses (SegmentTable, MemoryGrants, MemoryQuotas, the ReplyWriter's).
 //   dispatch_mu_ is held while a command dispatches (the reading thread,
@@ -126,7 +130,9 @@
 #include "memory/staging_region.h"
 #include "observability/metrics.h"
 #include "ops/op_runner.h"
+#include "protocol/command_batch_scan.h"
 #include "sessions/captured_graphs.h"
+#include "sessions/repeated_op_calls.h"
 #include "transport/reply_writer.h"
 #include "transport/sync_channel.h"
 
@@ -182,6 +188,15 @@ class Session {
   // destroyed one by one. Without `keep`, the batch's commands are moved
   // into storage of the session's own first.
   absl::Status HandleBatch(v1::CommandBatch* batch, std::shared_ptr<const void> keep = nullptr);
+  // The same for a batch whose framing was scanned by hand
+  // (protocol/command_batch_scan.h): an op call the session prepared before,
+  // byte for byte, runs prepared (repeated_op_calls.h); every other command
+  // is parsed with protobuf onto `arena` first. `keep` owns the scanned
+  // bytes and `arena` and is held until the last queued command of the
+  // batch has executed. A command that does not parse ends the session
+  // (non-OK), before any command of the batch is dispatched.
+  absl::Status HandleScannedBatch(const std::vector<ScannedCommand>& commands,
+                                  google::protobuf::Arena* arena, std::shared_ptr<const void> keep);
 
   // Ends the session; idempotent.
   CloseSummary Close();
@@ -244,8 +259,14 @@ class Session {
   // previous one's seq (sync-channel commands are ordered by after_seq).
   // `keep` owns `command`'s storage (HandleBatch); a command that is queued
   // holds it until it has executed.
+  // `op_bytes`: the bytes of the command's OpCall as sent (inside `keep`),
+  // when it may be kept among the repeated op calls once it ran prepared.
   void Dispatch(v1::Command& command, const std::shared_ptr<const void>& keep,
-                bool ordered = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+                bool ordered = true, absl::string_view op_bytes = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // The seq check of a command that came on the session stream: false (the
+  // error replied) when `seq` does not follow the previous command's.
+  bool TakeSeq(uint64_t seq, absl::string_view kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   // Every reply goes through here: to the sync channel when it answers a
   // command waiting there, else to the session stream; never blocks
   // (replies_). `payload`, when not empty, is the reply's data (raw after
@@ -309,8 +330,9 @@ class Session {
   // ---- stream queues (session_streams.cc).
   // `ordered` as Dispatch's: a command that came on the session stream.
   // `keep` as Dispatch's.
-  void Enqueue(v1::Command& command, const std::shared_ptr<const void>& keep, bool ordered)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // `op_bytes` as Dispatch's.
+  void Enqueue(v1::Command& command, const std::shared_ptr<const void>& keep, bool ordered,
+               absl::string_view op_bytes = {}) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   // Runs `action` once every command already queued on `device` (every
   // device when device < 0) has executed and the device has completed its
   // work, and the host functions issued before returned (completion_fences.h).
@@ -338,7 +360,8 @@ class Session {
   // what the work holds (upload bytes, staging chunks) is released, and a
   // download is replied, only once the device has completed it. May move
   // parts of `command` out.
-  void Execute(v1::Command& command, StreamHandle backend_stream);
+  // `op_bytes` as Dispatch's: an op it prepared is kept in repeated_ops_.
+  void Execute(v1::Command& command, StreamHandle backend_stream, absl::string_view op_bytes = {});
   // `prepare`: OpRunner::Run's, for an op (a graph's first replay).
   absl::Status ExecuteLocked(v1::Command& command, StreamHandle backend_stream,
                              v1::Completion* completion, bool* reply,
@@ -350,6 +373,23 @@ class Session {
                                  v1::Completion completion, std::shared_ptr<OwnedBytes> data);
   // Counts a copy command's bytes (when metrics are on).
   void CountCopy(int device, CopyDirection direction, uint64_t nbytes);
+
+  // ---- op calls sent again (session_repeated_ops.cc, repeated_op_calls.h).
+  // Reading thread: queues `command` (op_only, its seq taken), whose OpCall
+  // the session prepared before (`entry`), on its stream.
+  void DispatchRepeated(const ScannedCommand& command,
+                        std::shared_ptr<const RepeatedOpCalls::Entry> entry,
+                        const std::shared_ptr<const void>& keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
+  // Worker: runs it prepared while the session's memory is as when its
+  // ranges were checked and its tensors are as made; else as sent
+  // (parsed from `op_bytes`, checked), keeping what that prepared.
+  void ExecuteRepeated(uint64_t seq, int device, uint64_t stream, absl::string_view op_bytes,
+                       const RepeatedOpCalls::Entry& entry, StreamHandle backend_stream);
+  // Keeps the call `op_bytes` on `device` prepared, with the memory
+  // removals at which its ranges were checked.
+  void KeepRepeated(int device, absl::string_view op_bytes,
+                    std::shared_ptr<const PreparedOpCall> call, uint64_t removals);
 
   // ---- captured graphs (session_graphs.cc, captured_graphs.h).
   // Reading thread. define_graph: checks the part's commands (their
@@ -456,6 +496,16 @@ class Session {
   EventTable events_;
   // The client's captured graphs.
   CapturedGraphs graphs_;
+  // Op calls prepared by their first run, by their bytes (internally
+  // synchronised).
+  RepeatedOpCalls repeated_ops_;
+  // HandleScannedBatch's per-command work (reading thread only).
+  struct ScannedWork {
+    std::shared_ptr<const RepeatedOpCalls::Entry> repeated;  // else `parsed`
+    v1::Command* parsed = nullptr;
+    bool prepare = false;  // its OpCall is kept once it ran prepared
+  };
+  std::vector<ScannedWork> scanned_work_;
   // Frees and releases scheduled and not yet executed (allocate waits for
   // them before it reports out-of-memory, a sync for the ones before it).
   PendingFrees pending_frees_;

@@ -52,12 +52,22 @@ std::optional<absl::Status> Session::RunQueued(absl::FunctionRef<absl::Status()>
   }
 }
 
-void Session::Execute(v1::Command& command, StreamHandle backend_stream) {
+void Session::Execute(v1::Command& command, StreamHandle backend_stream,
+                      absl::string_view op_bytes) {
   v1::Completion completion;
   completion.set_seq(command.seq());
   bool reply = false;
   const std::optional<absl::Status> status = RunQueued([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return ExecuteLocked(command, backend_stream, &completion, &reply);
+    if (op_bytes.empty()) return ExecuteLocked(command, backend_stream, &completion, &reply);
+    // Sent as bytes the session may see again: what the run prepares is
+    // kept (session_repeated_ops.cc).
+    const uint64_t removals = MemoryRemovals();
+    std::shared_ptr<const PreparedOpCall> prepared;
+    absl::Status s = ExecuteLocked(command, backend_stream, &completion, &reply, &prepared);
+    if (s.ok() && prepared != nullptr) {
+      KeepRepeated(command.device(), op_bytes, std::move(prepared), removals);
+    }
+    return s;
   });
   if (!status.has_value()) return;
   if (!status->ok()) return ReplyError(command.seq(), CommandKindName(command), *status);

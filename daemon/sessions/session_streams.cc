@@ -26,7 +26,7 @@ constexpr absl::Duration kQueryStreamSettle = absl::Milliseconds(1);
 }  // namespace
 
 void Session::Enqueue(v1::Command& command, const std::shared_ptr<const void>& keep,
-                      bool ordered) {
+                      bool ordered, absl::string_view op_bytes) {
   absl::StatusOr<SessionStream*> state = streams_.Get(command.device(), command.stream());
   if (!state.ok()) {
     regions_.ReleaseStagedUpload(command);
@@ -81,8 +81,8 @@ void Session::Enqueue(v1::Command& command, const std::shared_ptr<const void>& k
     });
   }
   (*state)->queue->Push(
-      [this, command = &command, keep, backend_stream, payload]() {
-        Execute(*command, backend_stream);
+      [this, command = &command, keep, backend_stream, payload, op_bytes]() {
+        Execute(*command, backend_stream, op_bytes);
         if (payload > 0) {
           absl::MutexLock lock(&payload_mu_);
           queued_payload_bytes_ -= payload;

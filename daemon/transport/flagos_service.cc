@@ -17,6 +17,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "logging.h"
 #include "admission/peer_credentials.h"
+#include "protocol/command_batch_scan.h"
 #include "protocol/message_recorder.h"
 
 namespace flagos::daemon {
@@ -35,38 +36,72 @@ std::string VersionRange(uint32_t min, uint32_t max) {
 // proto/flagos/v1/flagos.proto: Negotiate, GetStats, Session).
 constexpr int kSessionMethod = 2;
 
-// Reads the next message of `stream` into `message`: false at the end of the
-// stream (or when it was cancelled), INVALID_ARGUMENT when its bytes are not
-// a ClientMessage.
-absl::StatusOr<bool> ReadClientMessage(FlagosService::SessionStream* stream,
-                                       v1::ClientMessage* message, size_t* wire_bytes = nullptr) {
-  grpc::ByteBuffer bytes;
-  if (!stream->Read(&bytes)) return false;
-  const size_t nbytes = bytes.Length();
-  if (wire_bytes != nullptr) *wire_bytes = nbytes;
+// Parses `bytes` (one message of the session stream) into `message`:
+// INVALID_ARGUMENT when they are not a ClientMessage.
+absl::Status ParseClientMessage(grpc::ByteBuffer& bytes, v1::ClientMessage* message) {
   message->Clear();
   grpc::ProtoBufferReader reader(&bytes);
   if (!reader.status().ok() || !message->ParseFromZeroCopyStream(&reader)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a session message of ", nbytes,
+        "a session message of ", bytes.Length(),
         " bytes is not a flagos.v1.ClientMessage (malformed wire data, or values nested deeper "
         "than protobuf's limit of 100 levels); the session is ended: send messages serialized "
         "from proto/flagos/v1/flagos.proto"));
   }
+  return absl::OkStatus();
+}
+
+// Reads the next message of `stream` into `message`: false at the end of the
+// stream (or when it was cancelled), INVALID_ARGUMENT when its bytes are not
+// a ClientMessage.
+absl::StatusOr<bool> ReadClientMessage(FlagosService::SessionStream* stream,
+                                       v1::ClientMessage* message) {
+  grpc::ByteBuffer bytes;
+  if (!stream->Read(&bytes)) return false;
+  if (absl::Status s = ParseClientMessage(bytes, message); !s.ok()) return s;
   return true;
 }
 
-// One message of the session stream, parsed into an arena of its own: its
-// commands are allocated there in a few blocks and freed with it at once,
-// when the last queued command of the batch has executed (HandleBatch's
-// `keep`), rather than one by one.
-class ArenaMessage {
+// One message of the session stream: its bytes as received and, once
+// parsed, the message in an arena of its own. Queued commands stay where
+// they are, in the bytes (an op call run prepared, sessions/
+// repeated_op_calls.h) or the arena, until the last queued command of the
+// batch has executed (Session::HandleBatch's `keep`); then everything is
+// freed at once rather than command by command.
+class SessionMessage {
  public:
-  ArenaMessage() : arena_(Options()), message_(Arena::CreateMessage<v1::ClientMessage>(&arena_)) {}
-  v1::ClientMessage* message() { return message_; }
+  SessionMessage() : arena_(Options()) {}
+  grpc::ByteBuffer& bytes() { return bytes_; }
+  google::protobuf::Arena* arena() { return &arena_; }
+  v1::ClientMessage* message() {
+    if (message_ == nullptr) message_ = Arena::CreateMessage<v1::ClientMessage>(&arena_);
+    return message_;
+  }
+  // The bytes in one piece: the one slice gRPC received them in, or a copy
+  // of several (up to kMaxFlattenedBytes). False past that: parse them.
+  bool Flatten(absl::string_view* flat) {
+    if (!bytes_.Dump(&slices_).ok()) return false;
+    if (slices_.size() == 1) {
+      *flat = absl::string_view(reinterpret_cast<const char*>(slices_[0].begin()),
+                                slices_[0].size());
+      return true;
+    }
+    size_t size = 0;
+    for (const grpc::Slice& slice : slices_) size += slice.size();
+    if (size > kMaxFlattenedBytes) return false;
+    copy_.reserve(size);
+    for (const grpc::Slice& slice : slices_) {
+      copy_.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    *flat = copy_;
+    return true;
+  }
 
  private:
   using Arena = google::protobuf::Arena;
+  // Batches of small commands; a larger message (an upload's bytes) is
+  // parsed from its slices as it is.
+  static constexpr size_t kMaxFlattenedBytes = 1 << 20;
   static google::protobuf::ArenaOptions Options() {
     google::protobuf::ArenaOptions options;
     // A full batch of tiny ops decodes to some 20-30 KiB.
@@ -74,8 +109,11 @@ class ArenaMessage {
     options.max_block_size = 256 << 10;
     return options;
   }
+  grpc::ByteBuffer bytes_;
+  std::vector<grpc::Slice> slices_;
+  std::string copy_;
   Arena arena_;
-  v1::ClientMessage* message_;
+  v1::ClientMessage* message_ = nullptr;
 };
 
 }  // namespace
@@ -317,20 +355,34 @@ grpc::Status FlagosService::RunSession(grpc::ServerContext* context, SessionStre
   write(opened);
 
   grpc::Status end = grpc::Status::OK;
+  // The commands of a message whose framing was scanned (reused).
+  std::vector<ScannedCommand> scanned;
   while (true) {
-    auto parsed = std::make_shared<ArenaMessage>();
-    v1::ClientMessage& incoming = *parsed->message();
-    size_t wire_bytes = 0;
-    absl::StatusOr<bool> read = ReadClientMessage(stream, &incoming, &wire_bytes);
-    if (!read.ok()) {
-      end = ToGrpc(read.status());
+    auto received = std::make_shared<SessionMessage>();
+    // The client ended the stream (or it was cancelled).
+    if (!stream->Read(&received->bytes())) break;
+    session->CountStreamBytes(received->bytes().Length(), 0);
+    // A batch of commands: scanned, so that an op call the session ran
+    // before is not parsed again (not while recording: the recorder keeps
+    // parsed messages).
+    absl::string_view flat;
+    if (reuse_op_calls_ && recorder == nullptr && received->Flatten(&flat) &&
+        ScanCommandBatch(flat, &scanned)) {
+      if (absl::Status s = session->HandleScannedBatch(scanned, received->arena(), received);
+          !s.ok()) {
+        end = ToGrpc(s);
+        break;
+      }
+      continue;
+    }
+    v1::ClientMessage& incoming = *received->message();
+    if (absl::Status s = ParseClientMessage(received->bytes(), &incoming); !s.ok()) {
+      end = ToGrpc(s);
       break;
     }
-    if (!*read) break;  // the client ended the stream (or it was cancelled)
-    session->CountStreamBytes(wire_bytes, 0);
     if (recorder != nullptr) recorder->RecordIncoming(incoming);
     if (incoming.has_batch()) {
-      if (absl::Status s = session->HandleBatch(incoming.mutable_batch(), parsed); !s.ok()) {
+      if (absl::Status s = session->HandleBatch(incoming.mutable_batch(), received); !s.ok()) {
         end = ToGrpc(s);
         break;
       }

@@ -55,6 +55,11 @@ class FlagosService final : public v1::Flagos::Service {
   // (MessageRecorder; empty: none, the default). Call before the server
   // starts.
   void set_record_dir(std::string dir) { record_dir_ = std::move(dir); }
+  // Whether a session's batches are scanned so that an op call sent again
+  // byte for byte runs as prepared (sessions/repeated_op_calls.h; the
+  // default); false: every message is parsed whole. Call before the server
+  // starts.
+  void set_reuse_op_calls(bool reuse) { reuse_op_calls_ = reuse; }
   // Who may open a session; before the first call.
   void set_session_access(SessionAccess access) { access_ = std::move(access); }
   // The device-memory quotas every session counts in (may stay null: none);
@@ -102,6 +107,7 @@ class FlagosService final : public v1::Flagos::Service {
   std::string staging_socket_;
   int sync_port_ = 0;
   std::string record_dir_;
+  bool reuse_op_calls_ = true;
   SessionAccess access_;
   MemoryQuotas* quotas_ = nullptr;
   PendingOpens pending_opens_;

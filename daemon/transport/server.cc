@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                      options.open_deadline, server->op_limits_,
                                                      server->grants_.get());
   server->service_->set_record_dir(options.record_client_messages_dir);
+  server->service_->set_reuse_op_calls(options.reuse_op_calls);
   server->service_->set_session_access(options.session_access);
   server->service_->set_memory_quotas(server->quotas_.get());
   for (const ListenEndpoint& endpoint : server->listen_) {

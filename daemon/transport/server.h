@@ -88,6 +88,9 @@ struct ServerOptions {
   // (DefaultOpLimits).
   uint64_t max_op_elements = 0;
   uint64_t max_op_host_memory_bytes = 0;
+  // Op calls sent again byte for byte run as prepared the time before
+  // (--reuse-op-calls; sessions/repeated_op_calls.h).
+  bool reuse_op_calls = true;
   // Tests only (scripts/fuzz's seed corpus): a directory every session's
   // client messages are written into (MessageRecorder); empty: none.
   std::string record_client_messages_dir;

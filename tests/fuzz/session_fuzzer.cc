@@ -17,17 +17,21 @@
 // What counts as a finding: any sanitizer report (ASan, UBSan, LSan at
 // exit), a crash, an abort, or an allocate that never replies (a hang).
 // Error completions are the expected answer to malformed input.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "execution/backend.h"
 #include "protocol/command_addresses.h"
+#include "protocol/command_batch_scan.h"
 #include "flagos/v1/flagos.pb.h"
 #include "memory/memory_grants.h"
 #include "protocol/message_recorder.h"
@@ -164,7 +168,32 @@ void RunBatch(Daemon& daemon, v1::CommandBatch& batch) {
       }
     });
   }
-  (void)session.HandleBatch(&rest);  // an error ends the session; that is all
+  // The rest as a session stream delivers it: its framing scanned, each op
+  // call looked up among those the session prepared (protocol/
+  // command_batch_scan.h, sessions/repeated_op_calls.h). Three times, the
+  // later two numbered after the first, so that a call is seen, prepared,
+  // then run prepared. A batch that is not a plain one is parsed whole.
+  uint64_t last_seq = 0;
+  for (const v1::Command& command : rest.commands()) last_seq = std::max(last_seq, command.seq());
+  for (int pass = 0; pass < 3; ++pass) {
+    if (pass > 0) {
+      if (last_seq > std::numeric_limits<uint64_t>::max() / 2) break;
+      for (v1::Command& command : *rest.mutable_commands()) command.set_seq(++last_seq);
+    }
+    struct Kept {
+      std::string bytes;
+      google::protobuf::Arena arena;
+    };
+    auto kept = std::make_shared<Kept>();
+    v1::ClientMessage message;
+    *message.mutable_batch() = rest;
+    kept->bytes = message.SerializeAsString();
+    std::vector<ScannedCommand> scanned;
+    absl::Status s = ScanCommandBatch(kept->bytes, &scanned)
+                         ? session.HandleScannedBatch(scanned, &kept->arena, kept)
+                         : session.HandleBatch(message.mutable_batch());
+    if (!s.ok()) break;  // an error ends the session; that is all
+  }
   session.Close();
 }
 

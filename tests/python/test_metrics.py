@@ -173,6 +173,59 @@ def test_counters_move_exactly_with_activity(metrics_daemon, spawn_python, read_
     assert kernel - cpu(after) < 1.0, (cpu(after), kernel)
 
 
+TRAINING_LOOP = r"""
+import copy, torch, torch_fl
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                            torch.nn.ReLU(), torch.nn.Linear(64, 4))
+x, y = torch.randn(8, 64), torch.randint(0, 4, (8,))
+losses = {}
+for device in ("cpu", "flagos"):
+    m = copy.deepcopy(model).to(device)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    xd, yd = x.to(device), y.to(device)
+    losses[device] = []
+    for step in range(12):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(xd), yd)
+        loss.backward()
+        opt.step()
+        losses[device].append(loss.item())
+    losses[device] = torch.tensor(losses[device])
+    params = [p.detach().cpu() for p in m.parameters()]
+    if device == "cpu":
+        expected = params
+torch.testing.assert_close(losses["flagos"], losses["cpu"], rtol=1e-5, atol=1e-6)
+for got, want in zip(params, expected):
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+print("ok", flush=True)
+"""
+
+
+# The same training step sent again and again: its op calls come byte for
+# byte as before (the same tensors at the same addresses), and flagosd runs
+# them as the prepared calls it kept (sessions/repeated_op_calls.h), with
+# the results of the same loop on the CPU.
+def test_a_training_loops_repeated_calls_run_prepared(metrics_daemon, run_python) -> None:
+    d = metrics_daemon
+    before = scrape(d.metrics_url())
+    out = run_python(TRAINING_LOOP, env={"FLAGOS_ENDPOINT": d.endpoint})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    after = scrape(d.metrics_url())
+    ops = sum(value(after, "flagosd_ops_total", device="0", route=r)
+              - value(before, "flagosd_ops_total", device="0", route=r)
+              for r in ("native", "cpu_fallback"))
+    repeated = (value(after, "flagosd_ops_repeated_total", device="0")
+                - value(before, "flagosd_ops_repeated_total", device="0"))
+    if on_kunlunxin():
+        # Only native calls are prepared; without xdnn these take cpu_fallback.
+        assert 0 <= repeated <= ops
+    else:
+        # The first two steps are seen and prepared; most of the later ten
+        # come as before.
+        assert repeated >= 0.5 * ops, (repeated, ops)
+
+
 def test_out_of_memory_refusals_are_counted(metrics_daemon, run_python) -> None:
     d = metrics_daemon
     before = scrape(d.metrics_url())
