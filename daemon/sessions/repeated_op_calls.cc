@@ -14,7 +14,7 @@ void RepeatedOpCalls::Put(int device, absl::string_view op,
   entry->call = std::move(call);
   entry->removals = removals;
   // The entries given up are destroyed after the lock is released.
-  std::vector<absl::flat_hash_map<std::string, std::shared_ptr<const Entry>>> dropped;
+  std::vector<Calls> dropped;
   std::shared_ptr<const Entry> replaced;
   absl::MutexLock lock(&mu_);
   auto& calls = by_device_[device];
@@ -23,20 +23,20 @@ void RepeatedOpCalls::Put(int device, absl::string_view op,
     replaced = std::exchange(it->second, std::move(entry));
     return;
   }
-  if (size_ >= kMaxRepeatedOpCalls) {
-    dropped.resize(by_device_.size());
-    for (size_t d = 0; d < by_device_.size(); ++d) dropped[d].swap(by_device_[d]);
-    size_ = 0;
-  }
+  if (size_ >= kMaxRepeatedOpCalls) TakeAllLocked(&dropped);
   by_device_[device].emplace(std::string(op), std::move(entry));
   ++size_;
 }
 
 void RepeatedOpCalls::Clear() {
-  std::vector<absl::flat_hash_map<std::string, std::shared_ptr<const Entry>>> dropped;
+  std::vector<Calls> dropped;
   absl::MutexLock lock(&mu_);
-  dropped.resize(by_device_.size());
-  for (size_t d = 0; d < by_device_.size(); ++d) dropped[d].swap(by_device_[d]);
+  TakeAllLocked(&dropped);
+}
+
+void RepeatedOpCalls::TakeAllLocked(std::vector<Calls>* dropped) {
+  dropped->resize(by_device_.size());
+  for (size_t d = 0; d < by_device_.size(); ++d) (*dropped)[d].swap(by_device_[d]);
   size_ = 0;
 }
 

@@ -95,9 +95,12 @@ class RepeatedOpCalls {
   }
 
  private:
+  using Calls = absl::flat_hash_map<std::string, std::shared_ptr<const Entry>>;
+  // Moves every entry into `dropped` (to be destroyed once mu_ is released).
+  void TakeAllLocked(std::vector<Calls>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
-  std::vector<absl::flat_hash_map<std::string, std::shared_ptr<const Entry>>> by_device_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<Calls> by_device_ ABSL_GUARDED_BY(mu_);
   size_t size_ ABSL_GUARDED_BY(mu_) = 0;
   // SeenBefore's table (its one thread's).
   std::vector<uint64_t> seen_ = std::vector<uint64_t>(kSeenOpCallSlots, 0);

@@ -386,10 +386,6 @@ class Session {
   // (parsed from `op_bytes`, checked), keeping what that prepared.
   void ExecuteRepeated(uint64_t seq, int device, uint64_t stream, absl::string_view op_bytes,
                        const RepeatedOpCalls::Entry& entry, StreamHandle backend_stream);
-  // Keeps the call `op_bytes` on `device` prepared, with the memory
-  // removals at which its ranges were checked.
-  void KeepRepeated(int device, absl::string_view op_bytes,
-                    std::shared_ptr<const PreparedOpCall> call, uint64_t removals);
 
   // ---- captured graphs (session_graphs.cc, captured_graphs.h).
   // Reading thread. define_graph: checks the part's commands (their

@@ -65,7 +65,7 @@ void Session::Execute(v1::Command& command, StreamHandle backend_stream,
     std::shared_ptr<const PreparedOpCall> prepared;
     absl::Status s = ExecuteLocked(command, backend_stream, &completion, &reply, &prepared);
     if (s.ok() && prepared != nullptr) {
-      KeepRepeated(command.device(), op_bytes, std::move(prepared), removals);
+      repeated_ops_.Put(command.device(), op_bytes, std::move(prepared), removals);
     }
     return s;
   });

@@ -61,7 +61,9 @@ void Session::ExecuteRepeated(uint64_t seq, int device, uint64_t stream,
     bool reply = false;
     std::shared_ptr<const PreparedOpCall> prepared;
     absl::Status s = ExecuteLocked(command, backend_stream, &completion, &reply, &prepared);
-    if (s.ok() && prepared != nullptr) KeepRepeated(device, op_bytes, std::move(prepared), removals);
+    if (s.ok() && prepared != nullptr) {
+      repeated_ops_.Put(device, op_bytes, std::move(prepared), removals);
+    }
     return s;
   });
   if (!status.has_value()) return;
@@ -73,11 +75,6 @@ void Session::ExecuteRepeated(uint64_t seq, int device, uint64_t stream,
     metrics->CountRepeatedOp();
   }
   if (!status->ok()) ReplyError(seq, "op", *status);
-}
-
-void Session::KeepRepeated(int device, absl::string_view op_bytes,
-                           std::shared_ptr<const PreparedOpCall> call, uint64_t removals) {
-  repeated_ops_.Put(device, op_bytes, std::move(call), removals);
 }
 
 }  // namespace flagos::daemon
