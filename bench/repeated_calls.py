@@ -22,7 +22,12 @@ flagosd_ops_total over the timed steps). The loops:
 - the same SGD loop fed a new batch from the host each step;
 - a GPT-2 of 2 layers (Hugging Face transformers, from its config, 64-wide,
   context 32, batch 4): a training step with AdamW, and an eval forward
-  (skipped when transformers does not import).
+  (skipped when transformers does not import);
+- loops of many distinct calls: in-place adds into 3,000 and into 12,000
+  tensors that stay put. The first is run prepared whole from its third
+  step; the second sends more calls than a session keeps (8192): the calls
+  kept run prepared each step, the rest as sent (the table keeps the calls
+  it has rather than starting over).
 
 On a 2-core machine the times move with scheduling more than with the
 daemon's work: four busy threads (the client, flagosd's reading thread, its
@@ -111,9 +116,21 @@ def gpt2_loop(name):
                 model(input_ids=ids.to("flagos"))
     return step
 
+def wide_loop(name):
+    # An in-place add into each of N tensors whose addresses stay: N
+    # distinct calls per step ("wide_N").
+    b = torch.ones(16, device="flagos")
+    tensors = [torch.zeros(16, device="flagos") for _ in range(int(name.split("_")[1]))]
+    def step():
+        for t in tensors:
+            t.add_(b)
+    return step
+
+LOOP_KINDS = {"mlp": mlp_loop, "gpt2": gpt2_loop, "wide": wide_loop}
+
 for spec in sys.argv[2:]:
     name, warmup, steps = spec.split(":")
-    step = (mlp_loop if name.startswith("mlp") else gpt2_loop)(name)
+    step = LOOP_KINDS[name.split("_")[0]](name)
     for _ in range(int(warmup)):
         step()
     torch.flagos.synchronize()
@@ -135,6 +152,9 @@ LOOPS = [
     ("mlp_sgd_host", "MLP 4x64 SGD step, batch from the host", 5, (200, 40)),
     ("gpt2_train", "GPT-2 (2 layers) AdamW training step", 5, (30, 8)),
     ("gpt2_eval", "GPT-2 (2 layers) eval forward", 5, (60, 12)),
+    ("wide_3000", "3,000 distinct in-place adds per step", 5, (20, 5)),
+    ("wide_12000", "12,000 distinct in-place adds per step (more than a session keeps)", 5,
+     (10, 3)),
 ]
 
 

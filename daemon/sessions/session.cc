@@ -157,8 +157,10 @@ absl::Status Session::HandleScannedBatch(const std::vector<ScannedCommand>& comm
     if (scanned.op_only) {
       work[i].repeated = repeated_ops_.Find(scanned.device, scanned.op);
       if (work[i].repeated != nullptr) continue;
-      // Prepared when it runs if it came before (repeated_op_calls.h).
-      work[i].prepare = repeated_ops_.SeenBefore(scanned.device, scanned.op);
+      // Prepared when it runs if it came before and can be kept
+      // (repeated_op_calls.h).
+      work[i].prepare =
+          repeated_ops_.SeenBefore(scanned.device, scanned.op) && repeated_ops_.MakeRoom();
     }
     v1::Command* command = google::protobuf::Arena::CreateMessage<v1::Command>(arena);
     if (!command->ParseFromArray(scanned.bytes.data(), static_cast<int>(scanned.bytes.size()))) {
