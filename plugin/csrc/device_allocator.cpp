@@ -110,6 +110,9 @@ class Pools {
   // work enqueued so far on each stream in `uses` (an event recorded there,
   // waited for on the block's stream), so the block can be reused at once.
   void AwaitStreamUses(int device, uint64_t stream, const std::set<StreamUse>& uses);
+  // REQUIRES: mu_ held. Merges each run of adjacent free blocks of a
+  // segment into one block.
+  static void MergeFreeBlocks(DevicePool& pool);
   // REQUIRES: mu_ held. Frees every wholly free segment of `pool`.
   void ReleaseFreeSegments(int device, DevicePool& pool);
   // REQUIRES: mu_ held. Forgets a lost session's blocks and segments once
@@ -187,6 +190,10 @@ c10::DataPtr Pools::Allocate(int device, size_t nbytes) {
   std::lock_guard<std::mutex> lock(mu_);
   FollowGenerationLocked(generation);
   DevicePool& pool = Pool(device);
+  // Free blocks are merged only when none fits as they are: a loop that
+  // allocates the same sizes in the same order each step then gets the
+  // same blocks each step (device_allocator.h).
+  if (FindFree(pool, stream, size) == pool.free_blocks.end()) MergeFreeBlocks(pool);
   if (FindFree(pool, stream, size) == pool.free_blocks.end()) {
     uint64_t segment_size =
         size <= kSmallRequest ? kSegmentGranularity : RoundUp(size, kSegmentGranularity);
@@ -263,23 +270,28 @@ void Pools::Free(const BlockTag& tag) {
   StatAdd(pool.stats.requested_bytes, -static_cast<int64_t>(block.requested));
   block.free = true;
   pool.segments.at(block.segment).allocated_blocks--;
-  // Merge with the following and the preceding free blocks of the segment.
-  auto next = std::next(it);
-  if (next != pool.blocks.end() && next->second.free && next->second.segment == block.segment) {
+  // Not merged with its free neighbours (MergeFreeBlocks does that when
+  // nothing fits): the next allocation of its size takes it as it is.
+  pool.free_blocks.insert({block.stream, block.size, addr});
+}
+
+void Pools::MergeFreeBlocks(DevicePool& pool) {
+  auto it = pool.blocks.begin();
+  while (it != pool.blocks.end()) {
+    auto next = std::next(it);
+    if (next == pool.blocks.end()) break;
+    Block& block = it->second;
+    // Blocks tile their segment: the next one of the same segment is adjacent.
+    if (!block.free || !next->second.free || next->second.segment != block.segment) {
+      it = next;
+      continue;
+    }
+    pool.free_blocks.erase({block.stream, block.size, block.addr});
     pool.free_blocks.erase({next->second.stream, next->second.size, next->first});
     block.size += next->second.size;
     pool.blocks.erase(next);
+    pool.free_blocks.insert({block.stream, block.size, block.addr});
   }
-  if (it != pool.blocks.begin()) {
-    auto prev = std::prev(it);
-    if (prev->second.free && prev->second.segment == block.segment) {
-      pool.free_blocks.erase({prev->second.stream, prev->second.size, prev->first});
-      prev->second.size += block.size;
-      pool.blocks.erase(it);
-      it = prev;
-    }
-  }
-  pool.free_blocks.insert({it->second.stream, it->second.size, it->first});
 }
 
 void Pools::AwaitStreamUses(int device, uint64_t stream, const std::set<StreamUse>& uses) {
@@ -326,6 +338,7 @@ void Pools::RecordStream(const BlockTag& tag, c10::Stream stream) {
 }
 
 void Pools::ReleaseFreeSegments(int device, DevicePool& pool) {
+  MergeFreeBlocks(pool);  // a wholly free segment is then one free block
   for (auto it = pool.segments.begin(); it != pool.segments.end();) {
     Segment& segment = it->second;
     // A graph's work names the segments of its pool at every replay.

@@ -2,9 +2,17 @@
 //
 // The daemon hands the session segments (AllocateSegment, a synchronous
 // call); tensors are carved out of them here as blocks, without a round trip.
-// Freed blocks return to a per-device pool and merge with free neighbours;
-// empty_cache() gives wholly free segments back (FreeSegment, ordered after
-// every earlier command on the device).
+// Freed blocks return to a per-device pool as they are. An allocation takes
+// the smallest free block that fits, of one size the lowest address, split
+// when larger; only when none fits are adjacent free blocks merged (then a
+// new segment asked for if still none fits), and before segments are given
+// back. So a loop that allocates the same sizes in the same order each step
+// gets the same blocks each step, and sends the same op calls byte for
+// byte, which flagosd runs prepared (daemon/sessions/repeated_op_calls.h);
+// merging each block with its free neighbours when freed had a training
+// step's tensors land elsewhere each step. empty_cache() gives wholly free
+// segments back (FreeSegment, ordered after every earlier command on the
+// device).
 //
 // Stream-aware, like CUDA's: a segment, and every block carved from it,
 // belongs to the stream that was current when the segment was allocated,

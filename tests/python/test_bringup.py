@@ -186,6 +186,97 @@ def test_empty_cache_returns_free_segments_to_the_daemon() -> None:
     assert torch_fl.daemon_stats()["devices"][0]["used_memory"] < used
 
 
+# The caching allocator (plugin/csrc/device_allocator.h), in a process of
+# its own (nothing else allocated): a freed block is taken again as it is by
+# the next allocation of its size; free neighbours merge only when nothing
+# fits, before a new segment would be asked for, and before empty_cache
+# gives segments back.
+ALLOCATOR_REUSE = r"""
+import torch, torch_fl
+MiB = 1 << 20
+assert torch.flagos.memory_reserved() == 0, torch.flagos.memory_reserved()
+quarter = MiB // 8  # float32 elements in 512 KiB
+blocks = [torch.full((quarter,), float(i), device="flagos") for i in range(4)]
+assert torch.flagos.memory_reserved() == 2 * MiB  # small requests share a 2 MiB segment
+addrs = [t.data_ptr() for t in blocks]
+assert addrs == [addrs[0] + i * MiB // 2 for i in range(4)], addrs
+blocks[1] = None
+again = torch.zeros(quarter, device="flagos")
+assert again.data_ptr() == addrs[1]  # the block freed, as it was
+del again
+blocks[2] = None
+# Two free 512 KiB neighbours: a 1 MiB tensor fits once they merge, in the
+# same segment.
+pair = torch.ones(2 * quarter, device="flagos")
+assert pair.data_ptr() == addrs[1] and torch.flagos.memory_reserved() == 2 * MiB
+assert blocks[0].cpu().eq(0).all() and blocks[3].cpu().eq(3).all()
+assert pair.cpu().eq(1).all()
+del pair, blocks
+torch.flagos.empty_cache()
+torch.flagos.synchronize()
+assert torch.flagos.memory_reserved() == 0, torch.flagos.memory_reserved()
+x = torch.arange(10.0, device="flagos")
+assert x.sum().item() == 45.0
+print("ok")
+"""
+
+
+def test_a_freed_block_is_reused_as_it_is_and_merged_when_nothing_fits(run_python) -> None:
+    out = run_python(ALLOCATOR_REUSE)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# A training step allocates and frees the same sizes in the same order each
+# step; its tensors land at the same addresses from step to step, or at two
+# alternating sets (gradients freed by zero_grad after the next step's
+# forward): what lets flagosd run its op calls prepared
+# (daemon/sessions/repeated_op_calls.h). The addresses each op reads and
+# writes, logged per step.
+STEP_ADDRESSES = r"""
+import torch, torch_fl
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+class Addresses(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat, _ = tree_flatten((args, kwargs or {}, out))
+        self.calls.append((str(func), tuple(t.data_ptr() for t in flat
+                                            if isinstance(t, torch.Tensor)
+                                            and t.device.type == "flagos")))
+        return out
+
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1,
+                                         batch_first=True)
+model = torch.nn.Sequential(layer, torch.nn.Flatten(), torch.nn.Linear(8 * 32, 4)).to("flagos")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(4, 8, 32), torch.randint(0, 4, (4,))
+steps = []
+for step in range(12):
+    log = Addresses()
+    with log:
+        loss = torch.nn.functional.cross_entropy(model(x.to("flagos")), y.to("flagos"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    steps.append(log.calls)
+    assert torch.isfinite(loss).item()
+settled = steps[6:]
+for a, b in zip(settled, settled[2:]):
+    assert a == b, [(p, q) for p, q in zip(a, b) if p != q][:3]
+print("ok", len(settled[0]))
+"""
+
+
+def test_a_training_steps_tensors_land_at_the_same_addresses_each_step(run_python) -> None:
+    out = run_python(STEP_ADDRESSES)
+    assert out.returncode == 0 and out.stdout.startswith("ok "), out.stderr
+
+
 def test_accelerator_reports_flagos() -> None:
     accelerator = torch.accelerator.current_accelerator()
     assert accelerator is not None and accelerator.type == "flagos"

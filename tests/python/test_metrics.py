@@ -173,57 +173,93 @@ def test_counters_move_exactly_with_activity(metrics_daemon, spawn_python, read_
     assert kernel - cpu(after) < 1.0, (cpu(after), kernel)
 
 
-TRAINING_LOOP = r"""
-import copy, torch, torch_fl
+# A training loop, on the CPU and then on flagos (device 0), that prints
+# "ok OPS REPEATED": the op calls flagosd ran over its last MEASURED steps on
+# flagos and how many of those ran prepared, read from FLAGOS_METRICS_URL;
+# it checks the losses and parameters against the CPU's. {model} makes
+# `model` (an nn.Module), `make_opt(module)`, `x` and `y`.
+REPEATED_LOOP = r"""
+import copy, os, re, urllib.request
+import torch, torch_fl
+
+def counters():
+    text = urllib.request.urlopen(os.environ["FLAGOS_METRICS_URL"], timeout=10).read().decode()
+    def total(metric):
+        return sum(float(v) for labels, v in re.findall(
+            "^" + metric + r"\{([^}]*)\} (\S+)", text, re.M) if 'device="0"' in labels)
+    return total("flagosd_ops_total"), total("flagosd_ops_repeated_total")
+
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                            torch.nn.ReLU(), torch.nn.Linear(64, 4))
-x, y = torch.randn(8, 64), torch.randint(0, 4, (8,))
-losses = {}
+{model}
+STEPS, MEASURED = 16, 6
+losses, params = {}, {}
 for device in ("cpu", "flagos"):
     m = copy.deepcopy(model).to(device)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    xd, yd = x.to(device), y.to(device)
+    m.train()
+    opt = make_opt(m)
     losses[device] = []
-    for step in range(12):
-        opt.zero_grad()
+    for step in range(STEPS):
+        if device == "flagos" and step == STEPS - MEASURED:
+            start = counters()
+        xd, yd = x.to(device), y.to(device)
         loss = torch.nn.functional.cross_entropy(m(xd), yd)
+        opt.zero_grad()
         loss.backward()
         opt.step()
-        losses[device].append(loss.item())
-    losses[device] = torch.tensor(losses[device])
-    params = [p.detach().cpu() for p in m.parameters()]
-    if device == "cpu":
-        expected = params
-torch.testing.assert_close(losses["flagos"], losses["cpu"], rtol=1e-5, atol=1e-6)
-for got, want in zip(params, expected):
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-print("ok", flush=True)
+        losses[device].append(loss.item())  # waits for the step's work
+    params[device] = [p.detach().cpu() for p in m.parameters()]
+end = counters()
+torch.testing.assert_close(torch.tensor(losses["flagos"]), torch.tensor(losses["cpu"]),
+                           rtol=1e-4, atol=1e-5)
+for got, want in zip(params["flagos"], params["cpu"]):
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+print("ok", int(end[0] - start[0]), int(end[1] - start[1]), flush=True)
+"""
+
+MLP_SGD = """
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                            torch.nn.ReLU(), torch.nn.Linear(64, 4))
+make_opt = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+x, y = torch.randn(8, 64), torch.randint(0, 4, (8,))
+"""
+
+# Its activations, gradients and the optimizer's temporaries are allocated
+# and freed in the same sizes and order each step, so they land at the same
+# addresses (the client's allocator reuses a freed block as it is:
+# plugin/csrc/device_allocator.h), and its calls repeat too; AdamW's
+# step-dependent scalars do not.
+TRANSFORMER_ADAMW = """
+layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0,
+                                         batch_first=True)
+model = torch.nn.Sequential(layer, torch.nn.Flatten(), torch.nn.Linear(8 * 32, 4))
+make_opt = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)
+x, y = torch.randn(4, 8, 32), torch.randint(0, 4, (4,))
 """
 
 
 # The same training step sent again and again: its op calls come byte for
 # byte as before (the same tensors at the same addresses), and flagosd runs
 # them as the prepared calls it kept (sessions/repeated_op_calls.h), with
-# the results of the same loop on the CPU.
-def test_a_training_loops_repeated_calls_run_prepared(metrics_daemon, run_python) -> None:
+# the results of the same loop on the CPU. The shares asserted are below
+# those measured over the last 6 of 16 steps (MLP 138 of 138 calls,
+# transformer 334 of 372) by a margin; when the client's allocator merged
+# each freed block into its free neighbours, their tensors landed elsewhere
+# from step to step and 27 and 100 of those calls ran prepared.
+@pytest.mark.parametrize("model,share", [(MLP_SGD, 0.9), (TRANSFORMER_ADAMW, 0.75)],
+                         ids=["mlp_sgd", "transformer_adamw"])
+def test_a_training_loops_repeated_calls_run_prepared(metrics_daemon, run_python, model: str,
+                                                      share: float) -> None:
     d = metrics_daemon
-    before = scrape(d.metrics_url())
-    out = run_python(TRAINING_LOOP, env={"FLAGOS_ENDPOINT": d.endpoint})
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
-    after = scrape(d.metrics_url())
-    ops = sum(value(after, "flagosd_ops_total", device="0", route=r)
-              - value(before, "flagosd_ops_total", device="0", route=r)
-              for r in ("native", "cpu_fallback"))
-    repeated = (value(after, "flagosd_ops_repeated_total", device="0")
-                - value(before, "flagosd_ops_repeated_total", device="0"))
+    out = run_python(REPEATED_LOOP.replace("{model}", model),
+                     env={"FLAGOS_ENDPOINT": d.endpoint, "FLAGOS_METRICS_URL": d.metrics_url()})
+    assert out.returncode == 0 and out.stdout.startswith("ok "), out.stderr
+    ops, repeated = (int(n) for n in out.stdout.split()[1:3])
+    assert ops > 0
     if on_kunlunxin():
         # Only native calls are prepared; without xdnn these take cpu_fallback.
         assert 0 <= repeated <= ops
     else:
-        # The first two steps are seen and prepared; most of the later ten
-        # come as before.
-        assert repeated >= 0.5 * ops, (repeated, ops)
+        assert repeated >= share * ops, (repeated, ops)
 
 
 def test_out_of_memory_refusals_are_counted(metrics_daemon, run_python) -> None:
