@@ -16,7 +16,7 @@ bool RepeatedOpCalls::MakeRoom() {
 
 void RepeatedOpCalls::Put(int device, absl::string_view op,
                           std::shared_ptr<const PreparedOpCall> call, uint64_t removals) {
-  if (device < 0 || static_cast<size_t>(device) >= by_device_.size() || call == nullptr ||
+  if (device < 0 || static_cast<size_t>(device) >= devices_ || call == nullptr ||
       op.size() > kMaxRepeatedOpCallBytes) {
     return;
   }
@@ -40,9 +40,9 @@ void RepeatedOpCalls::Put(int device, absl::string_view op,
 }
 
 void RepeatedOpCalls::Clear() {
-  std::vector<Calls> dropped(by_device_.size());
+  std::vector<Calls> dropped(devices_);
   absl::MutexLock lock(&mu_);
-  for (size_t d = 0; d < by_device_.size(); ++d) dropped[d].swap(by_device_[d]);
+  for (size_t d = 0; d < devices_; ++d) dropped[d].swap(by_device_[d]);
   size_ = 0;
 }
 

@@ -69,12 +69,13 @@ class RepeatedOpCalls {
   };
 
   // Devices 0 .. devices - 1.
-  explicit RepeatedOpCalls(int devices) : by_device_(devices > 0 ? devices : 0) {}
+  explicit RepeatedOpCalls(int devices)
+      : devices_(devices > 0 ? devices : 0), by_device_(devices_) {}
 
   // The entry of the call whose OpCall bytes are `op` on `device`; null
   // when there is none (or `device` is out of range).
   std::shared_ptr<const Entry> Find(int device, absl::string_view op) const {
-    if (device < 0 || static_cast<size_t>(device) >= by_device_.size()) return nullptr;
+    if (device < 0 || static_cast<size_t>(device) >= devices_) return nullptr;
     absl::ReaderMutexLock lock(&mu_);
     // Counted without a read-modify-write (the reading thread is the one
     // finder): a count lost to a concurrent Find only delays a sweep.
@@ -131,6 +132,7 @@ class RepeatedOpCalls {
   bool SweepIfFullLocked(std::vector<std::shared_ptr<const Entry>>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const size_t devices_;  // by_device_'s size, read without mu_
   mutable absl::Mutex mu_;
   std::vector<Calls> by_device_ ABSL_GUARDED_BY(mu_);
   size_t size_ ABSL_GUARDED_BY(mu_) = 0;
