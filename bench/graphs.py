@@ -21,16 +21,24 @@ cost a graph removes).
   two forms round differently in the last bits, which thousands of steps
   amplify: the replayed Adam step's losses are compared with the same step
   run eagerly on flagos (equal), SGD's with that and with the CPU's.
+
+A last line per optimizer (when scripts/bench says the daemon's pid in
+FLAGOS_BENCH_DAEMON_PID): flagosd's CPU time (user + system, /proc) per
+eager step on flagos, against the native step's time: what serving the
+step costs the node's cores beside the client. Unlike the times, it hardly
+moves with the machine's load; ATen's OpenMP threads spinning after each
+parallel region showed here (daemon/openmp_wait_policy.h).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from torch import nn
 
-from common import Context, Row, median, now, standalone, synchronize
+from common import Context, Row, median, now, process_cpu_seconds, standalone, synchronize
 
 import torch_fl  # noqa: F401,E402  registers "flagos"
 
@@ -110,11 +118,15 @@ def _bench(ctx: Context, optimizer: str) -> list[Row]:
     replayed = _Stepper(copy.deepcopy(model), optimizer, "flagos", batches, graphed=True)
     eager = _Stepper(copy.deepcopy(model), optimizer, "flagos", batches, graphed=False)
     steps, repeats = ctx.scale(300, 30), ctx.scale(7, 2)
-    times: dict[str, list[float]] = {"replayed": [], "cpu": [], "eager": []}
+    times: dict[str, list[float]] = {"replayed": [], "cpu": [], "eager": [], "daemon_cpu": []}
+    daemon = int(os.environ.get("FLAGOS_BENCH_DAEMON_PID", "0") or 0)
     for _ in range(repeats):
         times["replayed"].append(replayed.steps(steps) / steps * 1e6)
         times["cpu"].append(cpu.steps(steps) / steps * 1e6)
+        before = process_cpu_seconds(daemon) if daemon else 0.0
         times["eager"].append(eager.steps(steps) / steps * 1e6)
+        if daemon:
+            times["daemon_cpu"].append((process_cpu_seconds(daemon) - before) / steps * 1e6)
     lc = torch.stack(cpu.losses).cpu()
     le = torch.stack(eager.losses).cpu()
     # The replayed step against the same step run eagerly on flagos (the
@@ -133,7 +145,7 @@ def _bench(ctx: Context, optimizer: str) -> list[Row]:
                                f"{diff:.3e} (limit {limit:.1e}), first at step {bad}: "
                                f"{float(lr[bad])} against {float(reference[bad])}")
         diffs.append(diff)
-    us = {k: median(v) for k, v in times.items()}
+    us = {k: median(v) for k, v in times.items() if v}
     ctx.log(f"{optimizer}: {steps} steps x {repeats}: replayed {us['replayed']:.0f} µs/step, "
             f"flagos eager {us['eager']:.0f}, cpu eager {us['cpu']:.0f}; max loss diff "
             f"{max(diffs):.1e} over {len(lc)} steps")
@@ -145,7 +157,10 @@ def _bench(ctx: Context, optimizer: str) -> list[Row]:
                  + (" and ".join(name for name, _, _ in checks))),
         Row(SECTION, "↳ the same step eagerly on flagos", "µs/step", us["eager"], us["cpu"],
             "native CPU eager", lower_is_better=True),
-    ]
+    ] + ([
+        Row(SECTION, "↳ flagosd's CPU time per eager step", "µs/step", us["daemon_cpu"],
+            us["cpu"], "native CPU eager", lower_is_better=True),
+    ] if "daemon_cpu" in us else [])
 
 
 def run(ctx: Context) -> list[Row]:

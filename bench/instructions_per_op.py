@@ -299,6 +299,9 @@ class Driver:
         env = with_malloc_tunable(dict(os.environ, WATCHDOG_USEC=WATCHDOG_USEC))
         env.pop("WATCHDOG_PID", None)
         env.pop("NOTIFY_SOCKET", None)
+        # As flagosd sets it for itself by executing itself again, which
+        # callgrind would not follow (daemon/openmp_wait_policy.h).
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         with log.open("w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     preexec_fn=_die_with_driver)

@@ -37,6 +37,7 @@
 #include "observability/health_check.h"
 #include "observability/stalled_shutdown_guard.h"
 #include "observability/watchdog.h"
+#include "openmp_wait_policy.h"
 
 ABSL_FLAG(std::vector<std::string>, listen,
           std::vector<std::string>({flagos::daemon::kDefaultListen}),
@@ -262,6 +263,8 @@ int Fail(absl::string_view message) {
 }
 
 int Run(int argc, char** argv) {
+  // First: it may execute flagosd again (openmp_wait_policy.h).
+  const std::string openmp_exec_failure = ExecWithPassiveOpenMpWaiting(argv);
   // Debian's abseil checks every lock against a global lock graph; that is
   // about a sixth of a queue worker's instructions per command. Lock order
   // is documented per class and checked by the thread-safety annotations.
@@ -391,6 +394,9 @@ int Run(int argc, char** argv) {
   std::printf("%s\n", ready.c_str());
   std::fflush(stdout);
   LogInfo(absl::StrCat(ready, "; torch ", TorchVersion()));
+  if (!openmp_exec_failure.empty()) LogWarning(openmp_exec_failure);
+  LogInfo(absl::StrCat("ATen's OpenMP threads between parallel regions: ",
+                       OpenMpWaitPolicyDescription()));
   const OpLimits& op_limits = (*server)->op_limits();
   LogInfo(absl::StrCat("per-op limits: ", op_limits.max_elements,
                        " tensor elements per call (--max-op-elements), ",

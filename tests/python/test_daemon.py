@@ -101,6 +101,34 @@ def test_idle_daemon_exits_0_on_sigterm(start_daemon) -> None:
     assert daemon.stop() == 0, daemon.log()
 
 
+def environment_of(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
+
+
+# libgomp reads OMP_WAIT_POLICY when it is loaded, before main: flagosd sets
+# it and executes itself again, as the same process, so that ATen's OpenMP
+# threads do not spin on cores its clients need (daemon/openmp_wait_policy.h;
+# the CPU time it saves is in docs/performance.md). A choice in the
+# environment is kept, without executing again.
+@pytest.mark.parametrize("chosen", [None, "ACTIVE"], ids=["unset", "set_by_the_user"])
+def test_openmp_threads_wait_passively_unless_the_environment_chose(start_daemon, run_python,
+                                                                    chosen) -> None:
+    daemon = start_daemon(env={"OMP_WAIT_POLICY": chosen, "GOMP_SPINCOUNT": None})
+    want = chosen or "PASSIVE"
+    # The pid started is the one serving (execv keeps it), with the variable set.
+    assert environment_of(daemon.proc.pid).get("OMP_WAIT_POLICY") == want
+    assert f"ATen's OpenMP threads between parallel regions: OMP_WAIT_POLICY={want}" in daemon.log()
+    # It serves: a matmul against the CPU's.
+    x = torch.randn(256, 256)
+    torch.save(x, daemon.workdir / "x.pt")
+    out = run_python("import sys, torch, torch_fl\n"
+                     f"x = torch.load({str(daemon.workdir / 'x.pt')!r}).to('flagos')\n"
+                     "print(float((x @ x).sum().cpu()))", env={"FLAGOS_ENDPOINT": daemon.endpoint})
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) == pytest.approx(float((x @ x).sum()), rel=1e-4)
+
+
 CLIENT = """
 import sys, torch, torch_fl
 x = torch.ones(1000, device="flagos")
