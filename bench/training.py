@@ -1,4 +1,4 @@
-"""4. Training steps: a 4-layer MLP and a transformer encoder block.
+"""4. Training steps: a 4-layer MLP, a transformer encoder block, a small MLP with AdamW.
 
 Each model is built once on the CPU (fixed seed) and deep-copied to flagos,
 so both start from the same weights; both see the same batches (made on the
@@ -14,6 +14,14 @@ the end: the largest |loss_flagos - loss_cpu| over all steps is printed.
   dim_feedforward=1024, dropout=0, batch_first=True); batch 32 × seq 64;
   MSE against a random target; Adam lr 1e-3. (Dropout 0, so that both
   devices compute the same function.)
+- Small MLP as people train it: Linear 64→64, ReLU, ×3, then Linear 64→4;
+  batch 8; cross-entropy; AdamW lr 1e-3 (not capturable: its bias
+  corrections are new host floats each step) under a LambdaLR schedule
+  stepped each step. Bound by per-op costs, not by kernels; no goal (the
+  graphs of section 9 are what such a model should use). torch_fl's shape
+  inference once ran meta kernels for the optimizer's calls each step, as
+  their float scalars changed (plugin/csrc/op_schema.h,
+  float_values_keep_metadata).
 """
 
 from __future__ import annotations
@@ -49,6 +57,32 @@ def _mlp() -> tuple[nn.Module, Callable, Callable, list]:
                for _ in range(4)]
     return (model, nn.functional.cross_entropy,
             lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9), batches)
+
+
+class _Scheduled:
+    """An optimizer and a LambdaLR schedule stepped after it, as a training loop does."""
+
+    def __init__(self, params) -> None:
+        self.optimizer = torch.optim.AdamW(params, lr=1e-3)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                          lambda step: 1.0 / (1 + 0.01 * step))
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.schedule.step()
+
+
+def _small_mlp() -> tuple[nn.Module, Callable, Callable, list]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 64, generator=gen), torch.randint(0, 4, (8,), generator=gen))
+               for _ in range(4)]
+    return model, nn.functional.cross_entropy, _Scheduled, batches
 
 
 def _transformer() -> tuple[nn.Module, Callable, Callable, list]:
@@ -89,7 +123,8 @@ class _Trainer:
         return torch.stack(self.losses).cpu()
 
 
-def _bench(ctx: Context, label: str, build, goal: float, steps: int, repeats: int) -> list[Row]:
+def _bench(ctx: Context, label: str, build, goal: float | None, steps: int,
+           repeats: int) -> list[Row]:
     model, loss_fn, make_optimizer, batches = build()
     cpu = _Trainer(copy.deepcopy(model), loss_fn, make_optimizer, batches, "cpu")
     fl = _Trainer(copy.deepcopy(model), loss_fn, make_optimizer, batches, "flagos")
@@ -120,6 +155,8 @@ def run(ctx: Context) -> list[Row]:
                steps=ctx.scale(10, 3), repeats=ctx.scale(5, 2))
         + _bench(ctx, "TransformerEncoderLayer 256/4/1024, 32×64, Adam", _transformer,
                  TRANSFORMER_GOAL, steps=ctx.scale(3, 1), repeats=ctx.scale(5, 2))
+        + _bench(ctx, "MLP 4×64, batch 8, AdamW + LambdaLR (eager, as people write it)",
+                 _small_mlp, None, steps=ctx.scale(300, 30), repeats=ctx.scale(5, 2))
     )
 
 

@@ -26,6 +26,7 @@
 #include "pinned_allocator.h"
 #include "flagos/client/connection.h"
 #include "runtime.h"
+#include "shape_inference.h"
 #include "sharing.h"
 #include "tensor_codec.h"
 
@@ -384,6 +385,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_is_current_stream_capturing", &CurrentStreamCapturing, py::arg("device"));
   m.def("_forwarded_op_count", &ForwardCompositeOps);
+  m.def("_meta_inference_count", &MetaInferenceCount);
   m.def("_test_bad_command", &TestBadCommand, py::call_guard<py::gil_scoped_release>());
   m.def("_test_read_device", &TestReadDevice);
   m.def("_test_op_call_wire", &TestOpCallWire, py::arg("args"), py::arg("outputs"),

@@ -80,6 +80,8 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::OperatorHandle& op) {
   traits->nondeterministic_seeded = op.hasTag(at::Tag::nondeterministic_seeded);
   traits->dynamic_output_shape = op.hasTag(at::Tag::dynamic_output_shape);
   traits->is_index = name == "aten::index";
+  traits->float_values_keep_metadata =
+      op.hasTag(at::Tag::pointwise) || name.rfind("aten::_foreach_", 0) == 0;
   traits->allows_host_operands =
       name == "aten::index" || name == "aten::index_put_" || name == "aten::index_put" ||
       name == "aten::_index_put_impl_" || name == "aten::_unsafe_index" ||

@@ -56,6 +56,13 @@ struct OpTraits {
   bool dynamic_output_shape = false;
   // aten::index (a dynamic shape only for boolean masks).
   bool is_index = false;
+  // Tagged pointwise, or a _foreach_ op: no float (or complex) argument's
+  // value decides an output's sizes, strides or dtype, only its kind (type
+  // promotion), so shape inference keys such values by kind. An
+  // optimizer's per-step scalars (Adam's bias corrections, a scheduler's
+  // learning rate) then hit its cache instead of running meta kernels on
+  // every step (shape_inference.cpp).
+  bool float_values_keep_metadata = false;
   // Advanced indexing: CPU index tensors may join a flagos call.
   bool allows_host_operands = false;
   // Which of the daemon's kernel facts (NegotiateResponse.kernel_facts)

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -113,7 +114,11 @@ using KeyBuffer = c10::SmallVector<char, 256>;
 // Appends to `key` (cleared first).
 class KeyWriter {
  public:
-  KeyWriter(const c10::OperatorHandle& op, KeyBuffer* key) : key_(*key) {
+  // `floats_by_kind`: float and complex values are keyed by kind only
+  // (OpTraits::float_values_keep_metadata); ints (sizes, dims, dtypes) and
+  // bools always by value.
+  KeyWriter(const c10::OperatorHandle& op, bool floats_by_kind, KeyBuffer* key)
+      : key_(*key), floats_by_kind_(floats_by_kind) {
     key_.clear();
     const void* id = &op.schema();
     Bytes(&id, sizeof(id));
@@ -130,13 +135,13 @@ class KeyWriter {
       Pod(v.toInt());
     } else if (v.isDouble()) {
       Tag('d');
-      Pod(v.toDouble());
+      if (!floats_by_kind_) Pod(v.toDouble());
     } else if (v.isBool()) {
       Tag('b');
       Pod(v.toBool());
     } else if (v.isComplexDouble()) {
       Tag('c');
-      Pod(v.toComplexDouble());
+      if (!floats_by_kind_) Pod(v.toComplexDouble());
     } else if (v.isString()) {
       Tag('s');
       const std::string& s = v.toStringRef();
@@ -212,6 +217,7 @@ class KeyWriter {
   }
 
   KeyBuffer& key_;
+  const bool floats_by_kind_;
   c10::SmallVector<const void*, 8> storages_;
 };
 
@@ -254,9 +260,12 @@ bool PythonMetaCannotInfer(python_error& e) {
   return MetaCannotInfer(e.type);
 }
 
+std::atomic<uint64_t> meta_runs{0};
+
 std::shared_ptr<const InferredCall> RunOnMeta(const c10::OperatorHandle& op,
                                               const OpTraits& traits,
                                               c10::ArrayRef<c10::IValue> args) {
+  meta_runs.fetch_add(1, std::memory_order_relaxed);
   MetaMirror mirror;
   std::vector<c10::IValue> meta_args;
   meta_args.reserve(args.size());
@@ -395,7 +404,7 @@ std::shared_ptr<const InferredCall> InferOnMeta(const c10::OperatorHandle& op,
   KeyBuffer key_buffer;
   bool cacheable = true;
   {
-    KeyWriter writer(op, &key_buffer);
+    KeyWriter writer(op, traits.float_values_keep_metadata, &key_buffer);
     for (const c10::IValue& a : args) cacheable = cacheable && writer.Add(a);
   }
   if (!cacheable) return RunOnMeta(op, traits, args);
@@ -428,5 +437,7 @@ std::shared_ptr<const InferredCall> InferOnMeta(const c10::OperatorHandle& op,
   slot.used = true;
   return inferred;
 }
+
+uint64_t MetaInferenceCount() { return meta_runs.load(std::memory_order_relaxed); }
 
 }  // namespace torch_fl

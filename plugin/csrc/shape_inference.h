@@ -3,8 +3,10 @@
 // The op runs on meta tensors mirroring its arguments (same sizes, strides,
 // offsets, dtypes, shared storages). What comes out — the metadata of every
 // return and of every written argument afterwards — is cached by operator
-// and argument metadata (and non-tensor argument values), because a meta
-// kernel can cost far more than the op itself (several are Python).
+// and argument metadata (and non-tensor argument values; for pointwise and
+// _foreach_ ops float values by kind only: OpTraits::
+// float_values_keep_metadata), because a meta kernel can cost far more than
+// the op itself (several are Python).
 //
 // Thread safety: InferOnMeta may be called from any thread.
 #pragma once
@@ -12,6 +14,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -44,5 +47,9 @@ struct InferredCall {
 std::shared_ptr<const InferredCall> InferOnMeta(const c10::OperatorHandle& op,
                                                 const OpTraits& traits,
                                                 c10::ArrayRef<c10::IValue> args);
+
+// How many calls this process inferred on meta tensors (cache misses and
+// uncacheable calls): torch_fl._C._meta_inference_count().
+uint64_t MetaInferenceCount();
 
 }  // namespace torch_fl
