@@ -131,9 +131,13 @@ def test_per_step_scalars_of_adam_and_a_scheduler_reuse_inferred_shapes() -> Non
             inferred_after_warmup = torch_fl._C._meta_inference_count() - before
         models[device] = model
     assert inferred_after_warmup == 0
-    torch.testing.assert_close(losses["flagos"], losses["cpu"], rtol=1e-5, atol=1e-6)
+    # AdamW divides by the root of the squared gradients, which scales up
+    # rounding where a gradient is near zero: the native route's kernels
+    # (kunlunxin-xdnn pass) end up to 2e-5 from the CPU's on a bias; a
+    # wrong step would be off by about the learning rate (1e-2 / (1 + step)).
+    torch.testing.assert_close(losses["flagos"], losses["cpu"], rtol=1e-4, atol=1e-5)
     for a, b in zip(models["flagos"].parameters(), models["cpu"].parameters()):
-        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-4, atol=1e-4)
 
 
 # The counter above counts: a call whose float values decide its output's
