@@ -6,7 +6,7 @@
 // of its own that costs nothing but power; in flagosd, which shares the
 // node's cores with the clients that feed it, a small kernel's team spins
 // on a core a client (or another stream worker) needs: a 4x64 MLP's Adam
-// step took flagosd 4-7x the CPU time and its client 1.0-1.8x the wall
+// step took flagosd 4-9x the CPU time and its client 1.0-1.8x the wall
 // time of the same daemon with passive waiting, and a 1024-wide MLP, whose
 // kernels keep both threads busy, is as fast either way
 // (docs/performance.md, "2026-12-07: OpenMP threads wait passively").
