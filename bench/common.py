@@ -336,6 +336,11 @@ def _cpu_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def bench_daemon_pid() -> int:
+    """The pid of the daemon scripts/bench started (FLAGOS_BENCH_DAEMON_PID); 0 when not told."""
+    return int(os.environ.get("FLAGOS_BENCH_DAEMON_PID", "0") or 0)
+
+
 def process_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) process `pid` has used; 0 when unknown."""
     fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
@@ -354,7 +359,7 @@ class OtherLoad:
     """
 
     def __init__(self) -> None:
-        self.daemon = int(os.environ.get("FLAGOS_BENCH_DAEMON_PID", "0") or 0)
+        self.daemon = bench_daemon_pid()
         self.start = self._sample()
 
     def _sample(self) -> tuple[float, float, float]:

@@ -33,12 +33,12 @@ parallel region showed here (daemon/openmp_wait_policy.h).
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 from torch import nn
 
-from common import Context, Row, median, now, process_cpu_seconds, standalone, synchronize
+from common import (Context, Row, bench_daemon_pid, median, now, process_cpu_seconds, standalone,
+                    synchronize)
 
 import torch_fl  # noqa: F401,E402  registers "flagos"
 
@@ -119,7 +119,7 @@ def _bench(ctx: Context, optimizer: str) -> list[Row]:
     eager = _Stepper(copy.deepcopy(model), optimizer, "flagos", batches, graphed=False)
     steps, repeats = ctx.scale(300, 30), ctx.scale(7, 2)
     times: dict[str, list[float]] = {"replayed": [], "cpu": [], "eager": [], "daemon_cpu": []}
-    daemon = int(os.environ.get("FLAGOS_BENCH_DAEMON_PID", "0") or 0)
+    daemon = bench_daemon_pid()
     for _ in range(repeats):
         times["replayed"].append(replayed.steps(steps) / steps * 1e6)
         times["cpu"].append(cpu.steps(steps) / steps * 1e6)
@@ -160,7 +160,7 @@ def _bench(ctx: Context, optimizer: str) -> list[Row]:
     ] + ([
         Row(SECTION, "↳ flagosd's CPU time per eager step", "µs/step", us["daemon_cpu"],
             us["cpu"], "native CPU eager", lower_is_better=True),
-    ] if "daemon_cpu" in us else [])
+    ] if daemon else [])
 
 
 def run(ctx: Context) -> list[Row]:

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import Context, Row, median, process_cpu_seconds, standalone
+from common import Context, Row, bench_daemon_pid, median, process_cpu_seconds, standalone
 
 SECTION = "5. tiny-op throughput, several processes"
 PROCESSES = (1, 2, 4)
@@ -175,7 +175,7 @@ def run(ctx: Context) -> list[Row]:
     rounds = ctx.scale(5, 2)
     start = time.perf_counter()
     rates: dict[str, dict[int, float]] = {"flagos": {}, "cpu": {}}
-    daemon = int(os.environ.get("FLAGOS_BENCH_DAEMON_PID", "0") or 0)
+    daemon = bench_daemon_pid()
     # CPU µs per op: the workers' (and, for flagos, the daemon's) over all
     # measured rounds.
     cpu_per_op: dict[str, dict[int, float]] = {"flagos": {}, "cpu": {}}

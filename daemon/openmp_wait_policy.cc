@@ -8,7 +8,6 @@
 #include <fstream>
 #include <string>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"

@@ -105,6 +105,17 @@ class Daemon:
         except FileNotFoundError:
             return ""
 
+    def wait_for_log(self, text: str, timeout: float = READY_TIMEOUT_S) -> bool:
+        """Whether `text` appears in the log within `timeout` (start() may
+        return when the socket appears, before flagosd logs its ready line
+        and what follows it)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def metrics_url(self) -> str:
         """The daemon's /metrics URL, from its ready line ("metrics on http://...")."""
         # start() may return when the socket appears, before the ready line.

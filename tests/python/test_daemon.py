@@ -118,12 +118,8 @@ def test_openmp_threads_wait_passively_unless_the_environment_chose(start_daemon
     want = chosen or "PASSIVE"
     # The pid started is the one serving (execv keeps it), with the variable set.
     assert environment_of(daemon.proc.pid).get("OMP_WAIT_POLICY") == want
-    # Logged just after the ready line, which may come after the socket (ASan).
     line = f"ATen's OpenMP threads between parallel regions: OMP_WAIT_POLICY={want}"
-    deadline = time.monotonic() + 60
-    while line not in daemon.log() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert line in daemon.log(), daemon.log()
+    assert daemon.wait_for_log(line, timeout=60), daemon.log()
     # It serves: a matmul against the CPU's.
     x = torch.randn(256, 256)
     torch.save(x, daemon.workdir / "x.pt")

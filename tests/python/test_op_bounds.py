@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import torch
@@ -93,13 +92,10 @@ attempt("huge", lambda: one.expand(1 << 40).sum().item())
 def logged(daemon, line: str, timeout: float = 30.0) -> bool:
     """Whether `line` appears in the daemon's log within `timeout` (it logs
     the bounds just after it starts listening)."""
-    deadline = time.monotonic() + timeout
-    while line not in daemon.log():
-        if time.monotonic() > deadline:
-            print(daemon.log())
-            return False
-        time.sleep(0.02)
-    return True
+    if daemon.wait_for_log(line, timeout):
+        return True
+    print(daemon.log())
+    return False
 
 
 def test_the_bounds_in_force_are_logged_and_reported(start_daemon) -> None:

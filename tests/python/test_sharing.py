@@ -205,10 +205,7 @@ NOBODY = 65534
 def open_to_everyone(daemon) -> None:
     """Lets another user reach the daemon's sockets (a test daemon's are
     0600), once flagosd has set their modes itself (after "listening on")."""
-    deadline = time.monotonic() + 20
-    while "listening on" not in daemon.log():
-        assert time.monotonic() < deadline, daemon.log()
-        time.sleep(0.05)
+    assert daemon.wait_for_log("listening on", timeout=20), daemon.log()
     os.chmod(daemon.workdir, 0o755)
     for sock in (daemon.socket, Path(f"{daemon.socket}.staging")):
         os.chmod(sock, 0o666)

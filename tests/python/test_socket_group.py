@@ -9,7 +9,6 @@ import grp
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,7 @@ def daemon_env() -> dict[str, str]:
 def wait_until_ready(daemon) -> None:
     """Until the ready line: start_daemon may return once the socket file
     exists, before flagosd has set its group and mode."""
-    deadline = time.monotonic() + 20
-    while "listening on" not in daemon.log():
-        assert time.monotonic() < deadline, daemon.log()
-        time.sleep(0.02)
+    assert daemon.wait_for_log("listening on", timeout=20), daemon.log()
 
 
 def another_group_of_ours() -> grp.struct_group | None:
